@@ -1,0 +1,121 @@
+"""Known deviations: a backend's measured disagreement with the oracle, with reason, link and band.
+
+Entries are strict: a matched output that passes makes the check ``xpassed`` (reported as a
+failure), and a worst_ratio above the entry's band is an ordinary failure, so entries cannot
+hide regressions or outlive the deviation they describe.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from conformance.case import Case
+
+_MATCH_KEYS: tuple[str, ...] = ("backend", "check", "output", "op", "dtype", "dist", "case")
+_FIELDS = set(_MATCH_KEYS) | {"band", "reason", "link", "training"}
+
+
+class LedgerError(ValueError):
+    """The ledger file is malformed; the message names the file, the entry and the field."""
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """One ledger entry. Match keys hold allowed values; ``case`` holds id glob patterns."""
+
+    index: int
+    match: dict[str, tuple[str, ...]]
+    training: bool | None
+    band: tuple[float, float]
+    reason: str
+    link: str
+
+    def applies(self, backend: str, case: Case, check: str, output: str) -> bool:
+        values = {
+            "backend": backend,
+            "check": check,
+            "output": output,
+            "op": case.op,
+            "dtype": case.dtype,
+            "dist": case.dist,
+        }
+        for key, allowed in self.match.items():
+            if key == "case":
+                if not any(fnmatch.fnmatchcase(case.id, pattern) for pattern in allowed):
+                    return False
+            elif values[key] not in allowed:
+                return False
+        return self.training is None or self.training == case.training
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "match": {k: list(v) for k, v in self.match.items()},
+            "band": list(self.band),
+            "reason": self.reason,
+            "link": self.link,
+        }
+
+
+@dataclass(frozen=True)
+class Ledger:
+    path: str
+    sha256: str
+    entries: tuple[Deviation, ...]
+
+    def find(self, backend: str, case: Case, check: str, output: str) -> Deviation | None:
+        return next((d for d in self.entries if d.applies(backend, case, check, output)), None)
+
+
+def default_path() -> Path:
+    return Path(str(resources.files("conformance").joinpath("ledger.toml")))
+
+
+def load(path: str | Path | None = None) -> Ledger:
+    file = Path(path) if path is not None else default_path()
+    try:
+        raw = file.read_bytes()
+        data = tomllib.loads(raw.decode())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise LedgerError(f"{file}: cannot read ledger: {exc}") from exc
+    entries = data.get("deviation", [])
+    if not isinstance(entries, list):
+        raise LedgerError(f"{file}: expected [[deviation]] tables")
+    return Ledger(str(file), hashlib.sha256(raw).hexdigest(), tuple(_entry(file, i, e) for i, e in enumerate(entries)))
+
+
+def _entry(file: Path, index: int, entry: Any) -> Deviation:
+    where = f"{file}: deviation[{index}]"
+    if not isinstance(entry, dict):
+        raise LedgerError(f"{where}: expected a table")
+    unknown = sorted(set(entry) - _FIELDS)
+    if unknown:
+        raise LedgerError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(_FIELDS)}")
+    for required in ("backend", "check", "output", "band", "reason"):
+        if required not in entry:
+            raise LedgerError(f"{where}: missing field {required!r}")
+    match = {k: _strings(where, k, entry[k]) for k in _MATCH_KEYS if k in entry}
+    training = entry.get("training")
+    if training is not None and not isinstance(training, bool):
+        raise LedgerError(f"{where}: training={training!r} is not allowed; allowed: true, false")
+    return Deviation(index, match, training, _band(where, entry["band"]), str(entry["reason"]), str(entry.get("link", "")))
+
+
+def _strings(where: str, key: str, value: Any) -> tuple[str, ...]:
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        raise LedgerError(f"{where}: {key}={value!r} is not allowed; allowed: a string or a list of strings")
+    return tuple(values)
+
+
+def _band(where: str, value: Any) -> tuple[float, float]:
+    ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
+    if not ok or not 1.0 <= value[0] <= value[1]:
+        raise LedgerError(f"{where}: band={value!r} is not allowed; allowed: [low, high] with 1 <= low <= high")
+    return float(value[0]), float(value[1])

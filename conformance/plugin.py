@@ -1,0 +1,239 @@
+"""The pytest plugin behind ``pytest conformance``: options, backend x case parametrization, results.
+
+Workers (or the single process) run checks and attach each Result to its test report; the one
+process that writes (the xdist controller, or the single process) collects them into one file.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import checks, listing, registry, summary
+from conformance.backend import Backend, BackendUnavailable, Capabilities
+from conformance.results import Result, header, write_atomic
+from conformance.settings import Settings, SettingsError, build
+
+SETTINGS = pytest.StashKey[Settings]()
+STATE = pytest.StashKey["RunState"]()
+PROPERTY = "normconf_result"
+_NODE = re.compile(r"::test_(?P<check>\w+)\[(?P<backend>[a-z0-9-]+):(?P<case>[^\]]+)\]$")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("normconf", "normconf conformance suite")
+    group.addoption("--backend", default="all", help="comma list of backend names, or 'all' (default)")
+    group.addoption("--op", default=None, help="comma list of ops to run (default: all in the profile)")
+    group.addoption("--dtype", default=None, help="comma list of activation dtypes to run")
+    group.addoption("--profile", default="smoke", help="case profile: smoke (default), ci, full")
+    group.addoption("--cases", default=None, help="JSON or TOML file of cases to run instead of a profile")
+    group.addoption("--results", default=None, help="results file (default .normconf/results.jsonl under the rootdir)")
+    group.addoption("--call-timeout", type=float, default=300.0, help="seconds before a backend call is an error")
+    group.addoption("--tolerances", default=None, help="tolerance file (default: the built-in matrix)")
+    group.addoption("--ledger", default=None, help="known-deviations ledger (default: the built-in one)")
+    group.addoption("--list-backends", action="store_true", help="list backends with origin and capabilities")
+
+
+def _settings(config: pytest.Config) -> Settings:
+    results = config.getoption("--results")
+    path = Path(results) if results else config.rootpath / ".normconf" / "results.jsonl"
+    return build(
+        backend=config.getoption("--backend"),
+        op=config.getoption("--op"),
+        dtype=config.getoption("--dtype"),
+        profile=config.getoption("--profile"),
+        cases_file=config.getoption("--cases"),
+        results=path,
+        timeout=config.getoption("--call-timeout"),
+        tolerances_path=config.getoption("--tolerances"),
+        ledger_path=config.getoption("--ledger"),
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    if config.getoption("--list-backends"):
+        print(listing.render(registry.entries()))
+        return 0
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "normconf: a normconf conformance check")
+    try:
+        settings = _settings(config)
+    except SettingsError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    config.stash[SETTINGS] = settings
+    state = RunState(settings, config)
+    config.stash[STATE] = state
+    config.pluginmanager.register(state, "normconf-run-state")
+    if settings.explicit_backends and _suite_requested(config):
+        # A backend asked for by name must load; under 'all' a failure is a per-case skip instead.
+        for name in settings.backends:
+            state.load_strict(name)
+
+
+def _suite_requested(config: pytest.Config) -> bool:
+    return any("conformance" in Path(str(arg)).parts or "conformance" in str(arg) for arg in config.args)
+
+
+class RunState:
+    """Per-process backend cache and, in the writing process, the collected records."""
+
+    def __init__(self, settings: Settings, config: pytest.Config) -> None:
+        self.settings = settings
+        self.config = config
+        self.loaded: dict[str, tuple[Backend, Capabilities] | str] = {}
+        self.records: list[dict[str, Any]] = []
+        self.writer = not hasattr(config, "workerinput")
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not self.writer:
+            return
+        recorded = [value for key, value in report.user_properties if key == PROPERTY]
+        if recorded and report.when == "call":
+            self.records.append(recorded[-1])
+        elif not recorded and report.failed and report.when != "teardown":
+            synthesized = _crash_record(self, report)
+            if synthesized is not None:
+                self.records.append(synthesized)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if not self.writer or not self.records:
+            return
+        records = sorted(self.records, key=lambda r: (r["backend"], r["case"].get("id", ""), r["check"]))
+        write_atomic(self.settings.results, [self._header(int(exitstatus)), *records])
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.writer or not self.records:
+            return
+        terminalreporter.section("normconf")
+        for line in summary.table(self.records):
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(f"results: {self.settings.results}")
+
+    def _header(self, exitstatus: int) -> dict[str, Any]:
+        s = self.settings
+        backends: dict[str, Any] = {}
+        for name in s.backends:
+            loaded = self.backend(name)
+            backends[name] = {"unavailable": loaded} if isinstance(loaded, str) else loaded[1].to_dict()
+        return header(
+            self.config.rootpath,
+            profile=None if s.cases_file else s.profile,
+            cases_file=s.cases_file,
+            backends=backends,
+            tolerances={"path": s.tolerances.path, "sha256": s.tolerances.sha256},
+            ledger={"path": s.ledger.path, "sha256": s.ledger.sha256},
+            exitstatus=exitstatus,
+        )
+
+    def load_strict(self, name: str) -> None:
+        try:
+            entry = registry.entries()[name]
+            backend = entry.load()
+            self.loaded[name] = (backend, backend.capabilities())
+        except (registry.BackendLoadError, BackendUnavailable) as exc:
+            raise pytest.UsageError(f"--backend {name}: {exc}") from exc
+
+    def backend(self, name: str) -> tuple[Backend, Capabilities] | str:
+        """The loaded backend and its capabilities, or why it is unavailable (cached per process)."""
+        if name not in self.loaded:
+            try:
+                backend = registry.entries()[name].load()
+                self.loaded[name] = (backend, backend.capabilities())
+            except (registry.BackendLoadError, BackendUnavailable) as exc:
+                self.loaded[name] = f"backend {name} unavailable: {exc}"
+        return self.loaded[name]
+
+    def reproduce(self, nodeid: str, backend: str) -> str:
+        s = self.settings
+        parts = ["pytest", nodeid, "--backend", backend]
+        parts += ["--cases", s.cases_file] if s.cases_file else ["--profile", s.profile]
+        parts += ["--tolerances", s.tolerances_option] if s.tolerances_option else []
+        parts += ["--ledger", s.ledger_option] if s.ledger_option else []
+        parts += _plugin_args(self.config)
+        return shlex.join(parts)
+
+
+def _plugin_args(config: pytest.Config) -> list[str]:
+    args = list(config.invocation_params.args)
+    extra = []
+    for i, arg in enumerate(args):
+        if arg == "-p" and i + 1 < len(args):
+            extra += ["-p", args[i + 1]]
+        elif arg.startswith("-p") and len(arg) > 2:
+            extra.append(arg)
+    return extra
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "normconf_target" not in metafunc.fixturenames:
+        return
+    check = metafunc.function.__name__.removeprefix("test_")
+    if check not in checks.CHECKS:
+        raise pytest.UsageError(f"{metafunc.function.__name__}: no check named {check!r}; known {list(checks.CHECKS)}")
+    settings = metafunc.config.stash[SETTINGS]
+    # Case-major order: consecutive tests share one case, so its inputs and oracle are computed once.
+    targets = [
+        (backend, case)
+        for case in settings.cases
+        if checks.APPLIES[check](case)
+        for backend in settings.backends
+    ]
+    metafunc.parametrize(
+        "normconf_target", targets, ids=[f"{b}:{c.id}" for b, c in targets]
+    )
+
+
+@pytest.fixture
+def normconf_run(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Run one check for this test's backend x case, record the Result, map it to a test outcome."""
+    state: RunState = request.config.stash[STATE]
+    backend_name, case = request.node.callspec.params["normconf_target"]
+
+    def run(check: str) -> None:
+        ctx = checks.Context(
+            state.settings.tolerances,
+            state.settings.ledger,
+            state.settings.timeout,
+            state.reproduce(request.node.nodeid, backend_name),
+        )
+        loaded = state.backend(backend_name)
+        if isinstance(loaded, str):
+            result = Result(backend_name, case.to_dict(), check, "skipped", loaded, reproduce=ctx.reproduce)
+        else:
+            result = checks.run_check(check, loaded[0], loaded[1], case, ctx)
+        request.node.user_properties.append((PROPERTY, result.to_dict()))
+        _enforce(result)
+
+    return run
+
+
+def _enforce(result: Result) -> None:
+    if result.outcome in ("failed", "error", "xpassed"):
+        pytest.fail(f"{result.outcome}: {result.reason}", pytrace=False)
+    if result.outcome in ("skipped", "unsupported"):
+        pytest.skip(f"{result.outcome}: {result.reason}")
+    if result.outcome == "xfailed":
+        pytest.xfail(result.reason)
+
+
+def _crash_record(state: RunState, report: pytest.TestReport) -> dict[str, Any] | None:
+    """A test that died without a Result (worker crash, fixture error) still gets an error record."""
+    match = _NODE.search(report.nodeid)
+    if match is None or match["check"] not in checks.CHECKS:
+        return None
+    case = next((c for c in state.settings.cases if c.id == match["case"]), None)
+    case_dict = case.to_dict() if case is not None else {"id": match["case"]}
+    text = str(report.longrepr) if report.longrepr else "test failed without a result"
+    reproduce = state.reproduce(report.nodeid, match["backend"])
+    return Result(match["backend"], case_dict, match["check"], "error", text, reproduce=reproduce).to_dict()
+
+

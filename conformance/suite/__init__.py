@@ -1,0 +1,1 @@
+"""The conformance tests that `pytest conformance` collects; parametrized by the normconf plugin."""
