@@ -128,7 +128,7 @@ class Case:
         parts = [self.op, self.dtype]
         if self.param_dtype is not None and self.param_dtype != self.dtype:
             parts.append(f"p{self.param_dtype}")
-        parts += ["x".join(map(str, self.shape)), f"eps{self.eps:g}", self.dist]
+        parts += ["x".join(map(str, self.shape)), f"eps{float(self.eps)!r}", self.dist]
         parts += self._flag_parts()
         if self.seed:
             parts.append(f"s{self.seed}")
@@ -143,9 +143,9 @@ class Case:
         if not self.bias and self.op in _BIAS_OPS:
             flags.append("nob")
         if self.weight_offset != 0.0:
-            flags.append(f"off{self.weight_offset:g}")
+            flags.append(f"off{float(self.weight_offset)!r}")
         if self.op == "batch_norm" and self.training:
-            flags.append(f"train-m{self.momentum:g}" if self.momentum is not None else "train-mNone")
+            flags.append(f"train-m{float(self.momentum)!r}" if self.momentum is not None else "train-mNone")
         return flags
 
     @property

@@ -6,6 +6,7 @@ outcomes. Skips come from capabilities; ``Unsupported`` only from ``prepare()``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping
@@ -17,10 +18,12 @@ from conformance import messages, oracle
 from conformance.backend import Backend, Capabilities, Unsupported
 from conformance.case import Case
 from conformance.compare import Comparison, compare
+from conformance.conditioning import mean_error
 from conformance.execute import AdapterError, Run, run_backend
 from conformance.inputs import make_inputs
 from conformance.ledger import Ledger
 from conformance.results import Result
+from conformance.scales import scale, sensitivity
 from conformance.tolerances import ToleranceTable
 
 CHECK_NAMES: tuple[str, ...] = ("forward", "backward", "training", "inputs_unchanged", "determinism")
@@ -41,6 +44,7 @@ class Verdict:
     outcome: str
     reason: str = ""
     comparisons: tuple[Comparison, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
 def forward_outputs(case: Case) -> tuple[str, ...]:
@@ -91,7 +95,7 @@ def _run(backend: Backend, case: Case, ctx: Context, grad: bool, calls: int = 1)
 
 def _compared(backend: Backend, case: Case, ctx: Context, check: str, names: tuple[str, ...], grad: bool) -> Verdict:
     run = _run(backend, case, ctx, grad)
-    _, expected = materials(case)
+    inputs, expected = materials(case)
     comparisons = tuple(
         compare(
             name,
@@ -99,10 +103,13 @@ def _compared(backend: Backend, case: Case, ctx: Context, check: str, names: tup
             expected[name],
             ctx.tolerances.lookup(case.op, name, output_dtype(case, name), case.dist),
             output_dtype(case, name),
+            scale=scale(case, name, inputs, expected),
+            mean_error=mean_error(case, expected),
+            sensitivity=sensitivity(case, name, inputs, expected),
         )
         for name in names
     )
-    return _judge(backend.name, case, check, comparisons, ctx)
+    return dataclasses.replace(_judge(backend.name, case, check, comparisons, ctx), warnings=run.warnings)
 
 
 def _judge(backend: str, case: Case, check: str, comparisons: tuple[Comparison, ...], ctx: Context) -> Verdict:
@@ -142,9 +149,9 @@ def _inputs_unchanged(backend: Backend, case: Case, caps: Capabilities, ctx: Con
     changed = [messages.bits_changed(name, pristine[name], after) for name, after in run.inputs.items()]
     problems = [text for text in changed if text]
     if problems:
-        return Verdict("failed", messages.header(backend.name, case, "inputs_unchanged") + "\n".join(problems)
-                       + f"\nreproduce: {ctx.reproduce}")
-    return Verdict("passed")
+        text = messages.header(backend.name, case, "inputs_unchanged") + "\n".join(problems)
+        return Verdict("failed", f"{text}\nreproduce: {ctx.reproduce}", warnings=run.warnings)
+    return Verdict("passed", warnings=run.warnings)
 
 
 def _determinism(backend: Backend, case: Case, caps: Capabilities, ctx: Context) -> Verdict:
@@ -154,9 +161,9 @@ def _determinism(backend: Backend, case: Case, caps: Capabilities, ctx: Context)
     problems = [messages.bits_changed(name, first[name], second[name], what="between two calls") for name in first]
     problems = [text for text in problems if text]
     if problems:
-        return Verdict("failed", messages.header(backend.name, case, "determinism") + "\n".join(problems)
-                       + f"\nreproduce: {ctx.reproduce}")
-    return Verdict("passed")
+        text = messages.header(backend.name, case, "determinism") + "\n".join(problems)
+        return Verdict("failed", f"{text}\nreproduce: {ctx.reproduce}", warnings=run.warnings)
+    return Verdict("passed", warnings=run.warnings)
 
 
 Check = Callable[[Backend, Case, Capabilities, Context], Verdict]
@@ -195,6 +202,7 @@ def run_check(check: str, backend: Backend, caps: Capabilities, case: Case, ctx:
         comparisons=tuple(c.to_dict() for c in verdict.comparisons),
         duration_s=time.perf_counter() - start,
         reproduce=ctx.reproduce,
+        extra={"warnings": list(verdict.warnings)} if verdict.warnings else {},
     )
 
 

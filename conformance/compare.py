@@ -2,7 +2,9 @@
 
 Every comparison records its figures (max abs, max rel, ULP distance, worst_ratio) whether it
 passes or not, so reports can show headroom. worst_ratio = max |a - e| / (atol_eff + rtol |e|),
-with atol_eff = atol * scale and scale the RMS of the finite expected values (1 when that is 0).
+with atol_eff = atol * scale + cond * mean_error * sensitivity: scale is the size of the terms behind
+the output, sensitivity how far the output moves per unit error in xhat (conformance.scales), and
+mean_error the error a rounded mean puts into xhat (conformance.conditioning).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conformance.dtypes import ulp
+from conformance.dtypes import finfo, ulp
 from conformance.tolerances import Tolerance
 
 
@@ -30,8 +32,14 @@ class Comparison:
     actual_at_worst: float
     expected_at_worst: float
     scale: float
+    mean_error: float
+    sensitivity: float
     tolerance: Tolerance
     problem: str = ""
+
+    @property
+    def atol_effective(self) -> float:
+        return self.tolerance.atol * self.scale + self.tolerance.cond * self.mean_error * self.sensitivity
 
     @property
     def passed(self) -> bool:
@@ -50,7 +58,9 @@ class Comparison:
             "actual_at_worst": jsonable(self.actual_at_worst),
             "expected_at_worst": jsonable(self.expected_at_worst),
             "scale": jsonable(self.scale),
-            "tolerance": {**self.tolerance.to_dict(), "atol_effective": jsonable(self.tolerance.atol * self.scale)},
+            "mean_error": self.mean_error,
+            "sensitivity": self.sensitivity,
+            "tolerance": {**self.tolerance.to_dict(), "atol_effective": jsonable(self.atol_effective)},
             "problem": self.problem,
         }
 
@@ -60,16 +70,25 @@ def jsonable(value: float) -> float | str:
     return value if np.isfinite(value) else str(value)
 
 
-def compare(name: str, actual: np.ndarray, expected: np.ndarray, tol: Tolerance, dtype: str) -> Comparison:
+def compare(
+    name: str,
+    actual: np.ndarray,
+    expected: np.ndarray,
+    tol: Tolerance,
+    dtype: str,
+    *,
+    scale: float = 1.0,
+    mean_error: float = 0.0,
+    sensitivity: float = 0.0,
+) -> Comparison:
     """Compare ``actual`` (any float dtype) with float64 ``expected`` under ``tol``."""
     a = np.asarray(actual).astype(np.float64)
     e = np.asarray(expected, dtype=np.float64)
     if a.shape != e.shape:
         return _problem(name, e, tol, f"shape {a.shape} returned, {e.shape} expected")
     finite = np.isfinite(e)
-    scale = float(np.sqrt(np.mean(np.square(e[finite])))) if finite.any() else 0.0
-    scale = scale if scale > 0 and np.isfinite(scale) else 1.0
-    ratio = _ratios(a, e, tol, scale)
+    ratio = _ratios(a, e, tol.rtol, tol.atol * scale + tol.cond * mean_error * sensitivity)
+    ratio = np.where(_overflow_agrees(a, e, dtype), 0.0, ratio)
     diff = np.abs(a - e)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(e != 0, diff / np.abs(e), np.where(diff == 0, 0.0, np.inf))
@@ -88,14 +107,16 @@ def compare(name: str, actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
         actual_at_worst=float(a[worst]) if ratio.size else 0.0,
         expected_at_worst=float(e[worst]) if ratio.size else 0.0,
         scale=scale,
+        mean_error=mean_error,
+        sensitivity=sensitivity,
         tolerance=tol,
     )
 
 
-def _ratios(a: np.ndarray, e: np.ndarray, tol: Tolerance, scale: float) -> np.ndarray:
+def _ratios(a: np.ndarray, e: np.ndarray, rtol: float, atol: float) -> np.ndarray:
     """Per-element error over allowance; non-finite positions that disagree count as infinite."""
     same_special = (np.isnan(a) & np.isnan(e)) | (np.isinf(e) & (a == e))
-    allowed = tol.atol * scale + tol.rtol * np.abs(e)
+    allowed = atol + rtol * np.abs(e)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.abs(a - e) / allowed
     ratio = np.where(allowed == 0, np.where(a == e, 0.0, np.inf), ratio)
@@ -104,10 +125,17 @@ def _ratios(a: np.ndarray, e: np.ndarray, tol: Tolerance, scale: float) -> np.nd
     return np.where(np.isnan(ratio), np.inf, ratio)
 
 
+def _overflow_agrees(a: np.ndarray, e: np.ndarray, dtype: str) -> np.ndarray:
+    """An exact value beyond the dtype's range rounds to +-inf: inf (or the max) of its sign is right."""
+    limit = float(finfo(dtype).max)
+    beyond = np.isfinite(e) & (np.abs(e) > limit)
+    return beyond & (np.sign(a) == np.sign(e)) & (np.abs(a) >= limit)
+
+
 def _max(values: np.ndarray) -> float:
     return float(np.max(values)) if values.size else 0.0
 
 
 def _problem(name: str, e: np.ndarray, tol: Tolerance, problem: str) -> Comparison:
     inf = float("inf")
-    return Comparison(name, int(e.size), int(e.size), inf, inf, inf, inf, (), 0.0, 0.0, 1.0, tol, problem)
+    return Comparison(name, int(e.size), int(e.size), inf, inf, inf, inf, (), 0.0, 0.0, 1.0, 0.0, 0.0, tol, problem)

@@ -7,6 +7,7 @@ abandoned on timeout (a daemon thread never blocks interpreter exit).
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -29,10 +30,12 @@ class CallTimeout(AdapterError):
 
 @dataclass(frozen=True)
 class Run:
-    """Outputs of each call (host copies, taken right after each call) and the inputs as left."""
+    """Outputs of each call (host copies, taken right after each call), the inputs as left, and
+    the warnings the adapter emitted (recorded, never raised: they are the adapter's business)."""
 
     outputs: tuple[dict[str, np.ndarray], ...]
     inputs: dict[str, np.ndarray]
+    warnings: tuple[str, ...] = ()
 
 
 def with_deadline(work: Callable[[], T], timeout: float, what: str) -> T:
@@ -68,14 +71,17 @@ def run_backend(
     given = {k: np.array(v, copy=True) for k, v in inputs.items()}
 
     def work() -> Run:
-        prepared = _stage("prepare", lambda: backend.prepare(case, given, grad=grad), passthrough=True)
-        results = []
-        for _ in range(calls):
-            _stage("__call__", prepared)
-            _stage("synchronize", prepared.synchronize)
-            outputs = _stage("outputs", prepared.outputs)
-            results.append(_validated(outputs, expected_shapes))
-        return Run(tuple(results), given)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            prepared = _stage("prepare", lambda: backend.prepare(case, given, grad=grad), passthrough=True)
+            results = []
+            for _ in range(calls):
+                _stage("__call__", prepared)
+                _stage("synchronize", prepared.synchronize)
+                outputs = _stage("outputs", prepared.outputs)
+                results.append(_validated(outputs, expected_shapes))
+        seen = dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught)
+        return Run(tuple(results), given, tuple(seen))
 
     return with_deadline(work, timeout, f"{backend.name} {case.id}")
 

@@ -30,7 +30,7 @@ OUTPUTS: tuple[str, ...] = (
     "rstd",
 )
 _ALLOWED: dict[str, tuple[str, ...]] = {"op": OPS, "output": OUTPUTS, "dtype": DTYPES, "dist": DISTS}
-_FIELDS = set(KEYS) | {"rtol", "atol", "why"}
+_FIELDS = set(KEYS) | {"rtol", "atol", "cond", "why"}
 
 
 class ToleranceError(ValueError):
@@ -48,6 +48,7 @@ class Rule:
     dist: str | None
     rtol: float
     atol: float
+    cond: float
     why: str
 
     @property
@@ -69,15 +70,19 @@ class Rule:
 
 @dataclass(frozen=True)
 class Tolerance:
-    """The tolerance applied to one output, with where it came from and why."""
+    """The tolerance applied to one output, with where it came from and why.
+
+    ``cond`` multiplies the case's mean error u_s * kappa (conformance.conditioning) into atol.
+    """
 
     rtol: float
     atol: float
+    cond: float
     source: str
     why: str
 
     def to_dict(self) -> dict[str, object]:
-        return {"rtol": self.rtol, "atol": self.atol, "source": self.source, "why": self.why}
+        return {"rtol": self.rtol, "atol": self.atol, "cond": self.cond, "source": self.source, "why": self.why}
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ class ToleranceTable:
         if not candidates:
             raise ToleranceError(f"{self.path}: no rule matches op={op} output={output} dtype={dtype} dist={dist}")
         best = max(candidates, key=lambda r: r.specificity)
-        return Tolerance(best.rtol, best.atol, f"{Path(self.path).name} {best.source}", best.why)
+        return Tolerance(best.rtol, best.atol, best.cond, f"{Path(self.path).name} {best.source}", best.why)
 
 
 def default_path() -> Path:
@@ -126,6 +131,7 @@ def _rule(file: Path, index: int, entry: Any) -> Rule:
         raise ToleranceError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(_FIELDS)}")
     keys = {name: _key(where, name, entry.get(name)) for name in KEYS}
     numbers = {name: _number(where, name, entry.get(name)) for name in ("rtol", "atol")}
+    numbers["cond"] = _number(where, "cond", entry.get("cond", 0.0))
     why = entry.get("why")
     if not isinstance(why, str) or not why.strip():
         raise ToleranceError(f"{where}: why={why!r} is not allowed; allowed: a non-empty explanation")

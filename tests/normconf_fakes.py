@@ -1,0 +1,333 @@
+"""Fake backends for the meta-tests: one correct NumPy implementation and deliberately broken variants.
+
+Loaded into a conformance run with ``-p normconf_fakes`` (tests/ on PYTHONPATH). Each broken fake
+changes exactly one thing; the meta-tests assert the suite catches it and names the output.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+import conformance
+from conformance.backend import FEATURES, Capabilities
+from conformance.case import Case
+from conformance.dtypes import numpy_dtype, stats_dtype
+
+F = np.ndarray
+
+
+class Prepared:
+    def __init__(self, fake: NumpyFake, case: Case, inputs: dict[str, F], grad: bool) -> None:
+        self.fake, self.case, self.inputs, self.grad = fake, case, inputs, grad
+        self.result: dict[str, F] = {}
+
+    def __call__(self) -> None:
+        self.result = self.fake.compute(self.case, self.inputs, self.grad)
+
+    def synchronize(self) -> None:
+        pass
+
+    def outputs(self) -> dict[str, Any]:
+        return self.result
+
+
+class NumpyFake:
+    """Correct reference-semantics implementation computing in float32 (float64 for float64)."""
+
+    name = "fake-numpy"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            ops=frozenset({"layer_norm", "rms_norm", "batch_norm"}),
+            dtypes=frozenset({"float64", "float32", "float16", "bfloat16"}),
+            features=frozenset(FEATURES),
+            device="cpu",
+            device_name="numpy",
+        )
+
+    def prepare(self, case: Case, inputs: dict[str, F], *, grad: bool) -> Prepared:
+        return Prepared(self, case, inputs, grad)
+
+    # ------------------------------------------------------------------ hooks the broken fakes override
+    def work(self, case: Case) -> Any:
+        return numpy_dtype(stats_dtype(case.dtype))
+
+    def stats(self, x: F, axes: tuple[int, ...]) -> tuple[F, F]:
+        mean = x.mean(axis=axes, keepdims=True)
+        return mean, np.square(x - mean).mean(axis=axes, keepdims=True)
+
+    def rstd(self, var: F, eps: float) -> F:
+        return 1.0 / np.sqrt(var + np.asarray(eps, var.dtype))
+
+    def axes(self, case: Case, x: F) -> tuple[int, ...]:
+        if case.op == "batch_norm":
+            return (0, *range(2, x.ndim))
+        return tuple(range(x.ndim - case.norm_ndim, x.ndim))
+
+    def running_var_batch(self, var: F, count: int) -> F:
+        return var * (count / (count - 1))
+
+    def ln_dx(self, g: F, xhat: F, rstd: F, axes: tuple[int, ...]) -> F:
+        return rstd * (
+            g - g.mean(axis=axes, keepdims=True) - xhat * (g * xhat).mean(axis=axes, keepdims=True)
+        )
+
+    def add_bias(self, y: F, b: F) -> F:
+        return y + b
+
+    # ------------------------------------------------------------------ the computation
+    def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
+        w = self.work(case)
+        x = inputs["x"].astype(w)
+        axes = self.axes(case, x)
+        p = self._params(case, inputs, x.ndim, w)
+        out: dict[str, F] = {}
+        if case.op == "rms_norm":
+            rstd = self.rstd(np.square(x).mean(axis=axes, keepdims=True), case.eps)
+            xhat = x * rstd
+            scale = p["weight"] + np.asarray(case.weight_offset, w) if case.weight else np.ones((), w)
+            out["y"] = xhat * scale
+            g_dx = lambda g: rstd * (g - xhat * (g * xhat).mean(axis=axes, keepdims=True))  # noqa: E731
+        else:
+            mean, var = self._mean_var(case, inputs, x, axes, w, out)
+            rstd = self.rstd(var, case.eps)
+            xhat = (x - mean) * rstd
+            scale = p["weight"] if case.weight else np.ones((), w)
+            out["y"] = self.add_bias(xhat * scale, p["bias"]) if case.bias else xhat * scale
+            batch_stats = case.op == "layer_norm" or case.training
+            g_dx = (lambda g: self.ln_dx(g, xhat, rstd, axes)) if batch_stats else (lambda g: g * rstd)
+        if grad:
+            dy = inputs["dy"].astype(w)
+            out["dx"] = g_dx(dy * scale)
+            # Parameter gradients reduce over every axis the parameters broadcast along.
+            true_axes = NumpyFake.axes(self, case, x)
+            param_axes = true_axes if case.op == "batch_norm" else tuple(range(x.ndim - case.norm_ndim))
+            if case.weight:
+                out["dweight"] = (dy * xhat).sum(axis=param_axes).reshape(case.param_shape)
+            if case.bias:
+                out["dbias"] = dy.sum(axis=param_axes).reshape(case.param_shape)
+        return self._rounded(case, out)
+
+    def _params(self, case: Case, inputs: dict[str, F], ndim: int, w: Any) -> dict[str, F]:
+        shape = [1] * ndim
+        if case.op == "batch_norm":
+            shape[1] = case.shape[1]
+        else:
+            shape[ndim - case.norm_ndim :] = case.param_shape
+        return {
+            k: inputs[k].astype(w).reshape(shape)
+            for k in ("weight", "bias", "running_mean", "running_var")
+            if k in inputs
+        }
+
+    def _mean_var(
+        self, case: Case, inputs: dict[str, F], x: F, axes: tuple[int, ...], w: Any, out: dict[str, F]
+    ) -> tuple[F, F]:
+        if case.op == "batch_norm" and not case.training:
+            p = self._params(case, inputs, x.ndim, w)
+            return p["running_mean"], p["running_var"]
+        mean, var = self.stats(x, axes)
+        if case.op == "batch_norm":
+            count = x.size // case.shape[1]
+            m = 1.0 if case.momentum is None else case.momentum
+            rm = inputs["running_mean"].astype(w)
+            rv = inputs["running_var"].astype(w)
+            out["running_mean"] = (1 - m) * rm + m * mean.reshape(-1)
+            out["running_var"] = (1 - m) * rv + m * self.running_var_batch(var.reshape(-1), count)
+        return mean, var
+
+    def _rounded(self, case: Case, out: dict[str, F]) -> dict[str, F]:
+        act, par = numpy_dtype(case.dtype), numpy_dtype(case.params)
+        return {k: np.ascontiguousarray(v.astype(act if k in ("y", "dx") else par)) for k, v in out.items()}
+
+
+conformance.register("fake-numpy")(NumpyFake)
+
+
+@conformance.register("fake-eps-outside-sqrt")
+class EpsOutsideSqrt(NumpyFake):
+    """The seed document's RMSNorm writing: x / (sigma + eps)."""
+
+    name = "fake-eps-outside-sqrt"
+
+    def rstd(self, var: F, eps: float) -> F:
+        return 1.0 / (np.sqrt(var) + np.asarray(eps, var.dtype))
+
+
+@conformance.register("fake-unbiased-variance")
+class UnbiasedVariance(NumpyFake):
+    name = "fake-unbiased-variance"
+
+    def stats(self, x: F, axes: tuple[int, ...]) -> tuple[F, F]:
+        mean, var = super().stats(x, axes)
+        n = int(np.prod([x.shape[a] for a in axes]))
+        return mean, var * (n / max(n - 1, 1))
+
+
+@conformance.register("fake-one-pass-variance")
+class OnePassVariance(NumpyFake):
+    name = "fake-one-pass-variance"
+
+    def stats(self, x: F, axes: tuple[int, ...]) -> tuple[F, F]:
+        mean = x.mean(axis=axes, keepdims=True)
+        return mean, np.square(x).mean(axis=axes, keepdims=True) - np.square(mean)
+
+
+@conformance.register("fake-low-precision-stats")
+class LowPrecisionStats(NumpyFake):
+    """Statistics (and everything else) in the activation dtype, as a naive half kernel does."""
+
+    name = "fake-low-precision-stats"
+
+    def work(self, case: Case) -> Any:
+        return numpy_dtype(case.dtype)
+
+
+@conformance.register("fake-ln-dx-no-mean-terms")
+class LayerNormDxNoMeanTerms(NumpyFake):
+    name = "fake-ln-dx-no-mean-terms"
+
+    def ln_dx(self, g: F, xhat: F, rstd: F, axes: tuple[int, ...]) -> F:
+        return rstd * g
+
+
+@conformance.register("fake-bn-biased-running-var")
+class BatchNormBiasedRunningVar(NumpyFake):
+    name = "fake-bn-biased-running-var"
+
+    def running_var_batch(self, var: F, count: int) -> F:
+        return var
+
+
+@conformance.register("fake-bias-ignored")
+class BiasIgnored(NumpyFake):
+    name = "fake-bias-ignored"
+
+    def add_bias(self, y: F, b: F) -> F:
+        return y
+
+
+@conformance.register("fake-wrong-axes")
+class WrongAxes(NumpyFake):
+    """Normalizes only the last dim whatever norm_ndim says (BN: over the batch axis only)."""
+
+    name = "fake-wrong-axes"
+
+    def axes(self, case: Case, x: F) -> tuple[int, ...]:
+        return (0,) if case.op == "batch_norm" else (x.ndim - 1,)
+
+
+@conformance.register("fake-mutates-inputs")
+class MutatesInputs(NumpyFake):
+    """Centres x in place, as an in-place kernel writing through a shared buffer would."""
+
+    name = "fake-mutates-inputs"
+
+    def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
+        out = super().compute(case, inputs, grad)
+        inputs["x"] -= inputs["x"].mean(dtype=np.float64).astype(inputs["x"].dtype)
+        return out
+
+
+@conformance.register("fake-nondeterministic")
+class Nondeterministic(NumpyFake):
+    """Perturbs the last bit on every other call, like a racing atomic reduction."""
+
+    name = "fake-nondeterministic"
+    calls = 0
+
+    def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
+        out = super().compute(case, inputs, grad)
+        Nondeterministic.calls += 1
+        if Nondeterministic.calls % 2:
+            y = out["y"]
+            out["y"] = np.nextafter(y.astype(np.float64), np.inf).astype(y.dtype)
+        return out
+
+
+# ---------------------------------------------------------------------- robustness fakes
+def _selected(case: Case) -> bool:
+    """The one case these fakes misbehave on; every other case runs correctly."""
+    return case.op == "layer_norm" and case.dtype == "float32" and case.dist == "normal"
+
+
+class _Misbehaving(NumpyFake):
+    def misbehave(self, out: dict[str, F]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
+        out = super().compute(case, inputs, grad)
+        return self.misbehave(out) if _selected(case) else out
+
+
+@conformance.register("fake-hangs")
+class Hangs(_Misbehaving):
+    name = "fake-hangs"
+
+    def misbehave(self, out: dict[str, F]) -> dict[str, Any]:
+        time.sleep(3600)
+        return out
+
+
+@conformance.register("fake-raises")
+class Raises(_Misbehaving):
+    name = "fake-raises"
+
+    def misbehave(self, out: dict[str, F]) -> dict[str, Any]:
+        raise RuntimeError("kernel launch failed: invalid configuration argument")
+
+
+@conformance.register("fake-missing-output")
+class MissingOutput(_Misbehaving):
+    name = "fake-missing-output"
+
+    def misbehave(self, out: dict[str, F]) -> dict[str, Any]:
+        return {k: v for k, v in out.items() if k != "y"}
+
+
+@conformance.register("fake-wrong-shape")
+class WrongShape(_Misbehaving):
+    name = "fake-wrong-shape"
+
+    def misbehave(self, out: dict[str, F]) -> dict[str, Any]:
+        return {k: v.reshape(-1) for k, v in out.items()}
+
+
+@conformance.register("fake-not-array")
+class NotArray(_Misbehaving):
+    name = "fake-not-array"
+
+    def misbehave(self, out: dict[str, F]) -> dict[str, Any]:
+        return {k: v.tolist() for k, v in out.items()}
+
+
+@conformance.register("fake-crashes")
+class Crashes(_Misbehaving):
+    """Dies natively (SIGABRT) mid-call, as a segfaulting extension would."""
+
+    name = "fake-crashes"
+
+    def misbehave(self, out: dict[str, F]) -> dict[str, Any]:
+        os.abort()
+
+
+@conformance.register("fake-unsupported-late")
+class UnsupportedLate(_Misbehaving):
+    """Raises Unsupported from __call__, where the contract makes it an error, not a skip."""
+
+    name = "fake-unsupported-late"
+
+    def misbehave(self, out: dict[str, F]) -> dict[str, Any]:
+        raise conformance.Unsupported("changed its mind after prepare()")
+
+
+@conformance.register("fake-unavailable")
+class Unavailable(NumpyFake):
+    name = "fake-unavailable"
+
+    def capabilities(self) -> Capabilities:
+        raise conformance.BackendUnavailable("needs a device this machine does not have")
