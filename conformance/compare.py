@@ -90,7 +90,7 @@ def compare(
     ratio = _ratios(a, e, tol.rtol, tol.atol * scale + tol.cond * mean_error * sensitivity)
     ratio = np.where(_overflow_agrees(a, e, dtype), 0.0, ratio)
     diff = np.abs(a - e)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         rel = np.where(e != 0, diff / np.abs(e), np.where(diff == 0, 0.0, np.inf))
         ulps = diff / ulp(e, dtype)
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
@@ -117,7 +117,7 @@ def _ratios(a: np.ndarray, e: np.ndarray, rtol: float, atol: float) -> np.ndarra
     """Per-element error over allowance; non-finite positions that disagree count as infinite."""
     same_special = (np.isnan(a) & np.isnan(e)) | (np.isinf(e) & (a == e))
     allowed = atol + rtol * np.abs(e)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         ratio = np.abs(a - e) / allowed
     ratio = np.where(allowed == 0, np.where(a == e, 0.0, np.inf), ratio)
     ratio = np.where(same_special, 0.0, ratio)

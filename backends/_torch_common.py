@@ -1,0 +1,341 @@
+"""Shared plumbing of the PyTorch adapters: device, NumPy<->torch copies, running-stat resets, Prepared.
+
+Each adapter only says how to build the forward computation of a case; everything else lives here.
+"""
+
+from __future__ import annotations
+
+import platform
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from functools import cache
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from conformance.backend import Capabilities, Inputs, Outputs, Unsupported
+from conformance.case import Case
+from conformance.dtypes import DTYPES, round_to
+
+OPS = frozenset({"layer_norm", "rms_norm", "batch_norm"})
+Forward = Callable[[], torch.Tensor]
+Build = Callable[[Case, "Tensors"], "TorchPrepared"]
+# What torch.nn and torch.nn.functional adapters declare beyond the feature names.
+LIBRARY_NOTES = {
+    "param_dtype": "torch decides per device: prepare() runs a two-row probe and raises Unsupported for a"
+    " mix torch rejects (on CPU, LayerNorm/BatchNorm take mixed dtypes only as float16/bfloat16"
+    " activations with float32 parameters; RMSNorm takes any mix)",
+    "weight_offset": "translated: torch gets the weight offset + w, held exactly in float32 or float64",
+}
+
+
+def device() -> torch.device:
+    """The device every torch adapter runs on: the current CUDA device when there is one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@cache
+def _cpu_name() -> str:
+    # platform.processor() is empty on most Linux systems; /proc/cpuinfo has the brand string.
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
+
+
+def capabilities(features: frozenset[str], notes: Mapping[str, str] | None = None) -> Capabilities:
+    """Capabilities of a torch adapter on this machine's device (cheap: no kernels run)."""
+    dev = device()
+    return Capabilities(
+        ops=OPS,
+        dtypes=frozenset(DTYPES),
+        features=features,
+        device=dev.type,
+        device_name=device_name(dev),
+        notes={"torch": torch.__version__, **(notes or {})},
+    )
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a contract dtype name."""
+    dtypes = {
+        "float64": torch.float64,
+        "float32": torch.float32,
+        "float16": torch.float16,
+        "bfloat16": torch.bfloat16,
+    }
+    return dtypes[name]
+
+
+def to_torch(array: np.ndarray, dev: torch.device) -> torch.Tensor:
+    """A copy of ``array`` on ``dev``; never shares memory with the caller's array."""
+    host = np.array(array, copy=True, order="C")
+    if host.dtype == np.dtype(ml_dtypes.bfloat16):
+        # torch.from_numpy does not know ml_dtypes.bfloat16: move the same bits through int16.
+        return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16).to(dev)
+    return torch.from_numpy(host).to(dev)
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A host copy of ``tensor`` (bfloat16 as ml_dtypes.bfloat16); never aliases torch storage."""
+    host = tensor.detach().to("cpu")
+    if host.dtype == torch.bfloat16:
+        # NumPy has no bfloat16 torch can hand over: move the same bits through int16.
+        host = host.view(torch.int16)
+    array: np.ndarray = host.numpy().copy()
+    return array.view(ml_dtypes.bfloat16) if tensor.dtype == torch.bfloat16 else array
+
+
+def synchronize(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def momentum_factor(momentum: float | None, num_batches_tracked: torch.Tensor) -> float:
+    """torch.nn's rule for one training step: count the batch; momentum None is a cumulative average."""
+    num_batches_tracked.add_(1)
+    if momentum is None:
+        # float() of the counter waits for the device, exactly as torch.nn's own forward does.
+        return 1.0 / float(num_batches_tracked)
+    return momentum
+
+
+def offset_scale(weight: np.ndarray, offset: float, param_dtype: str) -> np.ndarray:
+    """``offset + weight`` held exactly, for libraries whose RMSNorm has no offset (Gemma's 1 + w).
+
+    The target is the float64 value of ``offset + weight`` (the scale the float64 reference uses);
+    it is stored in the narrowest of (param dtype widened to float32, float64) that holds it exactly,
+    so the translation itself adds no rounding beyond the reference's own.
+    """
+    scale = offset + weight.astype(np.float64)
+    narrow = "float64" if param_dtype == "float64" else "float32"
+    held = round_to(scale, narrow)
+    if np.array_equal(held.astype(np.float64), scale):
+        return held
+    return scale
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """A case's inputs on the device; ``x`` (and weight/bias when given) require grad when gradients do."""
+
+    x: torch.Tensor
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    running_mean: torch.Tensor | None
+    running_var: torch.Tensor | None
+    dy: torch.Tensor | None
+
+    def mixed(self) -> bool:
+        """Whether any parameter's dtype differs from the activations'."""
+        params = (self.weight, self.bias, self.running_mean, self.running_var)
+        return any(p is not None and p.dtype != self.x.dtype for p in params)
+
+    def tiny(self, case: Case) -> Tensors:
+        """Same dtypes and parameters, a two-row x: enough to learn whether torch accepts the dtypes."""
+        if case.op == "batch_norm":
+            shape = (2, case.shape[1]) + (1,) * (len(case.shape) - 2)
+        else:
+            shape = (2, *case.param_shape)
+        x = torch.zeros(shape, dtype=self.x.dtype, device=self.x.device)
+        dy = None if self.dy is None else torch.zeros(shape, dtype=self.dy.dtype, device=self.dy.device)
+        return replace(
+            self,
+            x=x.requires_grad_(self.x.requires_grad),
+            weight=_clone(self.weight),
+            bias=_clone(self.bias),
+            running_mean=_clone(self.running_mean),
+            running_var=_clone(self.running_var),
+            dy=dy,
+        )
+
+
+def _clone(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    if tensor is None:
+        return None
+    return tensor.detach().clone().requires_grad_(tensor.requires_grad)
+
+
+def load(case: Case, inputs: Inputs, *, grad: bool, weight: np.ndarray | None = None) -> Tensors:
+    """Copy the inputs to the device; ``weight`` replaces the input weight (an adapter's translation)."""
+    dev = device()
+
+    def get(name: str, *, leaf: bool = False) -> torch.Tensor | None:
+        if name not in inputs:
+            return None
+        value = weight if name == "weight" and weight is not None else inputs[name]
+        return to_torch(value, dev).requires_grad_(leaf and grad)
+
+    return Tensors(
+        x=to_torch(inputs["x"], dev).requires_grad_(grad),
+        weight=get("weight", leaf=True),
+        bias=get("bias", leaf=True),
+        running_mean=get("running_mean"),
+        running_var=get("running_var"),
+        dy=get("dy") if grad else None,
+    )
+
+
+def probe(build: Build, case: Case, tensors: Tensors) -> None:
+    """Raise Unsupported when torch rejects this mix of activation and parameter dtypes on the device.
+
+    Runs the adapter's own build on a two-row copy, so the answer is torch's, not a table of guesses.
+    """
+    if not tensors.mixed():
+        return
+    try:
+        build(case, tensors.tiny(case))()
+    except RuntimeError as error:
+        raise Unsupported(
+            f"torch {torch.__version__} on {tensors.x.device.type} rejects op={case.op} with "
+            f"dtype={case.dtype} activations and param_dtype={case.params}: {error}"
+        ) from error
+
+
+class RunningStats:
+    """BatchNorm buffers updated in place by a training call, and their prepared initial values."""
+
+    def __init__(self, mean: torch.Tensor, var: torch.Tensor, num_batches_tracked: torch.Tensor) -> None:
+        self._live = (mean, var, num_batches_tracked)
+        self._initial = tuple(t.detach().clone() for t in self._live)
+
+    def reset(self) -> None:
+        # Every call starts from the prepared state, so repeated calls (benchmarks, determinism)
+        # compute the same update instead of compounding it.
+        with torch.no_grad():
+            for live, initial in zip(self._live, self._initial, strict=True):
+                live.copy_(initial)
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        mean, var, _ = self._live
+        return {"running_mean": to_numpy(mean), "running_var": to_numpy(var)}
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """A warning torch raises on a path the adapter chose deliberately, with the reason it is ignored."""
+
+    message: str
+    why: str
+
+
+class TorchPrepared:
+    """One case ready to run: ``forward`` builds y; with ``dy``, autograd.grad gives the ``wrt`` grads."""
+
+    def __init__(
+        self,
+        forward: Forward,
+        tensors: Tensors,
+        wrt: Mapping[str, torch.Tensor],
+        *,
+        stats: RunningStats | None = None,
+        out_dtypes: Mapping[str, torch.dtype] | None = None,
+        quiet: Quiet | None = None,
+    ) -> None:
+        self._forward = forward
+        self._dy = tensors.dy
+        self._wrt = dict(wrt) if tensors.dy is not None else {}
+        self._stats = stats
+        self._out_dtypes = dict(out_dtypes or {})
+        self._quiet = quiet
+        self._device = tensors.x.device
+        self._results: dict[str, torch.Tensor] = {}
+
+    def __call__(self) -> None:
+        if self._stats is not None:
+            self._stats.reset()
+        if self._quiet is None:
+            self._results = self._run()
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=self._quiet.message, category=UserWarning)
+            self._results = self._run()
+
+    def _run(self) -> dict[str, torch.Tensor]:
+        if self._dy is None:
+            with torch.no_grad():
+                return {"y": self._forward()}
+        with torch.enable_grad():
+            y = self._forward()
+            # autograd.grad returns fresh gradients: nothing accumulates into .grad across calls.
+            grads = torch.autograd.grad(y, list(self._wrt.values()), grad_outputs=self._dy)
+        return {"y": y.detach(), **dict(zip(self._wrt, grads, strict=True))}
+
+    def synchronize(self) -> None:
+        synchronize(self._device)
+
+    def outputs(self) -> Outputs:
+        if not self._results:
+            raise RuntimeError("outputs() was asked for before the first call of the prepared case")
+        out = {name: to_numpy(self._cast(name, value)) for name, value in self._results.items()}
+        if self._stats is not None:
+            out.update(self._stats.outputs())
+        return out
+
+    def _cast(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        dtype = self._out_dtypes.get(name)
+        return value if dtype is None else value.to(dtype)
+
+
+# torch.rms_norm warns when weight and input dtypes differ and takes its composite path, which upcasts
+# and multiplies by the weight in the wider dtype: the mixed-dtype computation the case asks for.
+MIXED_RMS = Quiet(
+    message="Mismatch dtype between input and weight",
+    why="the composite (unfused) path is the intended one for mixed dtypes; the warning is about speed",
+)
+
+
+def library_prepared(
+    case: Case,
+    tensors: Tensors,
+    forward: Forward,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    *,
+    stats: RunningStats | None = None,
+) -> TorchPrepared:
+    """The Prepared of a library call (torch.nn, torch.nn.functional) on ``tensors``."""
+    params = torch_dtype(case.params)
+    # A translated weight (offset_scale) may be wider than the param dtype; its gradient is reported
+    # in the param dtype, as torch would give it for a weight of that dtype.
+    widened = weight is not None and weight.dtype != params
+    return TorchPrepared(
+        forward,
+        tensors,
+        gradient_targets(case, tensors.x, weight, bias),
+        stats=stats,
+        out_dtypes={"dweight": params} if widened else None,
+        quiet=MIXED_RMS if case.op == "rms_norm" and tensors.mixed() else None,
+    )
+
+
+def prepare_library(build: Build, case: Case, inputs: Inputs, *, grad: bool) -> TorchPrepared:
+    """Load (translating Gemma's offset into the weight), check torch accepts the dtypes, build."""
+    weight = None
+    if case.weight_offset:
+        weight = offset_scale(inputs["weight"], case.weight_offset, case.params)
+    tensors = load(case, inputs, grad=grad, weight=weight)
+    probe(build, case, tensors)
+    return build(case, tensors)
+
+
+def gradient_targets(
+    case: Case, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """Output name -> tensor to differentiate: dx always, dweight/dbias for the case's own parameters."""
+    wrt = {"dx": x}
+    if case.weight and weight is not None:
+        wrt["dweight"] = weight
+    if case.bias and bias is not None:
+        wrt["dbias"] = bias
+    return wrt

@@ -1,0 +1,182 @@
+"""torch-eager: the from-scratch eager PyTorch modules of the seed documents, kept faithful to them.
+
+LayerNorm and BatchNorm compute their statistics in the activation dtype, as the seeds write them;
+RMSNorm upcasts to float32 first. The suite is meant to show what that costs, so nothing is fixed here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from backends import _torch_common as common
+from conformance.backend import FEATURES, Capabilities, Inputs, Prepared
+from conformance.case import Case
+
+
+def _parameter(value: torch.Tensor | None) -> nn.Parameter | None:
+    return None if value is None else nn.Parameter(value.detach().clone())
+
+
+class LayerNorm(nn.Module):
+    """The seed's LayerNorm over the trailing ``len(normalized_shape)`` dims; weight and bias optional."""
+
+    def __init__(
+        self,
+        normalized_shape: tuple[int, ...],
+        eps: float,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+    ) -> None:
+        super().__init__()
+        self.dims = tuple(range(-len(normalized_shape), 0))
+        self.eps = eps
+        self.weight = _parameter(weight)
+        self.bias = _parameter(bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in x's own dtype (bfloat16 stays bfloat16): the seed never upcasts.
+        mean = x.mean(dim=self.dims, keepdim=True)
+        var = x.var(dim=self.dims, unbiased=False, keepdim=True)
+        y = (x - mean) / torch.sqrt(var + self.eps)
+        if self.weight is not None:
+            y = y * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+
+class RMSNorm(nn.Module):
+    """The seed's RMSNorm: statistics in float32 (float64 stays float64), scale ``weight_offset + weight``."""
+
+    def __init__(
+        self, normalized_shape: tuple[int, ...], eps: float, weight: torch.Tensor | None, weight_offset: float
+    ) -> None:
+        super().__init__()
+        self.dims = tuple(range(-len(normalized_shape), 0))
+        self.eps = eps
+        self.weight = _parameter(weight)
+        self.weight_offset = weight_offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        # The seed's x.float(), except that it must not narrow float64 inputs.
+        x = x.to(torch.promote_types(dtype, torch.float32))
+        rms = torch.sqrt(x.pow(2).mean(dim=self.dims, keepdim=True) + self.eps)
+        y = x / rms
+        if self.weight is not None:
+            y = y * self._scale(self.weight)
+        return y.to(dtype)
+
+    def _scale(self, weight: torch.Tensor) -> torch.Tensor:
+        # Gemma's (1 + w), formed in float32 like its reference code (float64 weights stay float64).
+        wide = weight.to(torch.promote_types(weight.dtype, torch.float32))
+        return wide + self.weight_offset if self.weight_offset else wide
+
+
+class BatchNorm(nn.Module):
+    """The seed's BatchNorm with the channel on axis 1 of (N, C) or (N, C, L...); buffers in param dtype."""
+
+    # Buffers, declared for the type checker (register_buffer attributes are otherwise Tensor | Module).
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+    num_batches_tracked: torch.Tensor
+
+    def __init__(self, eps: float, momentum: float | None, tensors: common.Tensors) -> None:
+        super().__init__()
+        assert tensors.running_mean is not None and tensors.running_var is not None, "BN inputs lack stats"
+        self.eps = eps
+        self.momentum = momentum
+        self.weight = _parameter(tensors.weight)
+        self.bias = _parameter(tensors.bias)
+        self.register_buffer("running_mean", tensors.running_mean.detach().clone())
+        self.register_buffer("running_var", tensors.running_var.detach().clone())
+        self.register_buffer(
+            "num_batches_tracked", torch.zeros((), dtype=torch.long, device=tensors.x.device)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dims = (0, *range(2, x.ndim))
+        shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)  # broadcasts a per-channel (C,) over axis 1
+        if self.training:
+            # Batch statistics in x's own dtype, as the seed computes them.
+            mean = x.mean(dim=dims)
+            var = x.var(dim=dims, unbiased=False)
+            with torch.no_grad():
+                self._update(mean, x.var(dim=dims, unbiased=True))
+        else:
+            mean, var = self.running_mean, self.running_var
+        y = (x - mean.reshape(shape)) / torch.sqrt(var.reshape(shape) + self.eps)
+        if self.weight is not None:
+            y = y * self.weight.reshape(shape)
+        if self.bias is not None:
+            y = y + self.bias.reshape(shape)
+        return y
+
+    def _update(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
+        # The seed's exponential average with PyTorch's momentum convention; the running variance
+        # takes the unbiased batch variance. momentum=None follows torch.nn: a cumulative average.
+        m = common.momentum_factor(self.momentum, self.num_batches_tracked)
+        self.running_mean.mul_(1 - m).add_(m * mean)
+        self.running_var.mul_(1 - m).add_(m * unbiased_var)
+
+    def stats(self) -> common.RunningStats:
+        return common.RunningStats(self.running_mean, self.running_var, self.num_batches_tracked)
+
+
+def _layer_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
+    module = LayerNorm(case.param_shape, case.eps, tensors.weight, tensors.bias)
+    return _prepared(case, tensors, module, module.weight, module.bias)
+
+
+def _rms_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
+    module = RMSNorm(case.param_shape, case.eps, tensors.weight, case.weight_offset)
+    return _prepared(case, tensors, module, module.weight, None)
+
+
+def _batch_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
+    module = BatchNorm(case.eps, case.momentum, tensors).train(case.training)
+    stats = module.stats() if case.training else None
+    return _prepared(case, tensors, module, module.weight, module.bias, stats=stats)
+
+
+def _prepared(
+    case: Case,
+    tensors: common.Tensors,
+    module: nn.Module,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    *,
+    stats: common.RunningStats | None = None,
+) -> common.TorchPrepared:
+    x = tensors.x
+
+    def forward() -> torch.Tensor:
+        y: torch.Tensor = module(x)
+        return y
+
+    wrt = common.gradient_targets(case, x, weight, bias)
+    return common.TorchPrepared(forward, tensors, wrt, stats=stats)
+
+
+_BUILD: dict[str, common.Build] = {
+    "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
+    "batch_norm": _batch_norm,
+}
+
+
+class TorchEager:
+    """The seed modules, run eagerly on CUDA when available, else on the CPU."""
+
+    name = "torch-eager"
+
+    def capabilities(self) -> Capabilities:
+        # Type promotion lets the seed modules take any activation/parameter dtype mix.
+        return common.capabilities(
+            frozenset(FEATURES),
+            {"statistics": "LayerNorm/BatchNorm in the activation dtype; RMSNorm in float32 or wider"},
+        )
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
+        return _BUILD[case.op](case, common.load(case, inputs, grad=grad))

@@ -1,0 +1,188 @@
+"""torch-nn (torch.nn.LayerNorm, RMSNorm, BatchNorm1d/2d/3d) and torch-functional (torch.nn.functional).
+
+Every constructor and call argument is explicit. Conventions torch lacks are translated exactly:
+Gemma's weight offset becomes the weight ``1 + w`` (``_torch_common.offset_scale``), and torch.nn's
+bias-without-weight gets a frozen weight of ones.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends import _torch_common as common
+from conformance.backend import FEATURES, Capabilities, Inputs, Prepared, Unsupported
+from conformance.case import Case
+
+# torch.nn picks the BatchNorm class by input rank; each checks x.ndim in forward().
+_BATCH_NORMS: dict[int, type[nn.modules.batchnorm._BatchNorm]] = {
+    2: nn.BatchNorm1d,
+    3: nn.BatchNorm1d,
+    4: nn.BatchNorm2d,
+    5: nn.BatchNorm3d,
+}
+
+
+def _dtype(case: Case, tensors: common.Tensors) -> torch.dtype:
+    """The module's parameter dtype: the (possibly widened, see offset_scale) weight's, else param dtype."""
+    return tensors.weight.dtype if tensors.weight is not None else common.torch_dtype(case.params)
+
+
+def _load_affine(weight: torch.Tensor | None, bias: torch.Tensor | None, tensors: common.Tensors) -> None:
+    with torch.no_grad():
+        if weight is not None and tensors.weight is None:
+            # torch.nn has one switch for weight and bias together: a bias-only case gets a
+            # frozen weight of ones, which is exact (x * 1 == x) and takes no gradient.
+            weight.fill_(1.0).requires_grad_(False)
+        elif weight is not None and tensors.weight is not None:
+            weight.copy_(tensors.weight)
+        if bias is not None and tensors.bias is not None:
+            bias.copy_(tensors.bias)
+
+
+def _nn_layer_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
+    module = nn.LayerNorm(
+        list(case.param_shape),
+        eps=case.eps,
+        elementwise_affine=case.weight or bool(case.bias),
+        bias=bool(case.bias),
+        device=tensors.x.device,
+        dtype=_dtype(case, tensors),
+    )
+    return _prepared(case, tensors, module, module.weight, module.bias)
+
+
+def _nn_rms_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
+    module = nn.RMSNorm(
+        list(case.param_shape),
+        eps=case.eps,
+        elementwise_affine=case.weight,
+        device=tensors.x.device,
+        dtype=_dtype(case, tensors),
+    )
+    return _prepared(case, tensors, module, module.weight, None)
+
+
+def _nn_batch_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
+    cls = _BATCH_NORMS.get(len(case.shape))
+    if cls is None:
+        raise Unsupported(f"torch.nn has BatchNorm1d/2d/3d for 2-D to 5-D input; shape={case.shape}")
+    module = cls(
+        case.shape[1],
+        eps=case.eps,
+        momentum=case.momentum,
+        affine=case.weight or bool(case.bias),
+        track_running_stats=True,
+        device=tensors.x.device,
+        dtype=_dtype(case, tensors),
+        bias=bool(case.bias),
+    )
+    module.train(case.training)
+    stats = _load_stats(module, tensors)
+    return _prepared(case, tensors, module, module.weight, module.bias, stats if case.training else None)
+
+
+def _load_stats(module: nn.modules.batchnorm._BatchNorm, tensors: common.Tensors) -> common.RunningStats:
+    running_mean, running_var, count = module.running_mean, module.running_var, module.num_batches_tracked
+    assert running_mean is not None and running_var is not None and count is not None, "stats are tracked"
+    assert tensors.running_mean is not None and tensors.running_var is not None, "BN inputs lack stats"
+    with torch.no_grad():
+        running_mean.copy_(tensors.running_mean)
+        running_var.copy_(tensors.running_var)
+    return common.RunningStats(running_mean, running_var, count)
+
+
+def _prepared(
+    case: Case,
+    tensors: common.Tensors,
+    module: nn.Module,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    stats: common.RunningStats | None = None,
+) -> common.TorchPrepared:
+    _load_affine(weight, bias, tensors)
+    x = tensors.x
+
+    def forward() -> torch.Tensor:
+        y: torch.Tensor = module(x)
+        return y
+
+    return common.library_prepared(case, tensors, forward, weight, bias, stats=stats)
+
+
+_NN: dict[str, common.Build] = {
+    "layer_norm": _nn_layer_norm,
+    "rms_norm": _nn_rms_norm,
+    "batch_norm": _nn_batch_norm,
+}
+
+
+class TorchNN:
+    """torch.nn modules, on CUDA when available, else on the CPU."""
+
+    name = "torch-nn"
+
+    def capabilities(self) -> Capabilities:
+        return common.capabilities(frozenset(FEATURES), common.LIBRARY_NOTES)
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
+        return common.prepare_library(_NN[case.op], case, inputs, grad=grad)
+
+
+def _functional_layer_norm(case: Case, t: common.Tensors) -> common.TorchPrepared:
+
+    def forward() -> torch.Tensor:
+        return F.layer_norm(t.x, list(case.param_shape), weight=t.weight, bias=t.bias, eps=case.eps)
+
+    return common.library_prepared(case, t, forward, t.weight, t.bias)
+
+
+def _functional_rms_norm(case: Case, t: common.Tensors) -> common.TorchPrepared:
+
+    def forward() -> torch.Tensor:
+        return F.rms_norm(t.x, list(case.param_shape), weight=t.weight, eps=case.eps)
+
+    return common.library_prepared(case, t, forward, t.weight, None)
+
+
+def _functional_batch_norm(case: Case, t: common.Tensors) -> common.TorchPrepared:
+    running_mean, running_var = t.running_mean, t.running_var
+    assert running_mean is not None and running_var is not None, "BN inputs lack stats"
+    count = torch.zeros((), dtype=torch.long, device=t.x.device)  # torch.nn's num_batches_tracked
+
+    def forward() -> torch.Tensor:
+        # torch.nn passes momentum (0.0 for None) in eval mode, where batch_norm ignores it.
+        factor = common.momentum_factor(case.momentum, count) if case.training else case.momentum or 0.0
+        return F.batch_norm(
+            t.x,
+            running_mean,
+            running_var,
+            weight=t.weight,
+            bias=t.bias,
+            training=case.training,
+            momentum=factor,
+            eps=case.eps,
+        )
+
+    stats = common.RunningStats(running_mean, running_var, count) if case.training else None
+    return common.library_prepared(case, t, forward, t.weight, t.bias, stats=stats)
+
+
+_FUNCTIONAL: dict[str, common.Build] = {
+    "layer_norm": _functional_layer_norm,
+    "rms_norm": _functional_rms_norm,
+    "batch_norm": _functional_batch_norm,
+}
+
+
+class TorchFunctional:
+    """torch.nn.functional calls, on CUDA when available, else on the CPU."""
+
+    name = "torch-functional"
+
+    def capabilities(self) -> Capabilities:
+        return common.capabilities(frozenset(FEATURES), common.LIBRARY_NOTES)
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
+        return common.prepare_library(_FUNCTIONAL[case.op], case, inputs, grad=grad)
