@@ -40,8 +40,9 @@ class SuiteRun:
 def run_suite(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> SuiteRun:
     """Run ``python -m pytest conformance <args>`` from the repository root with the fakes loadable."""
     results = tmp_path / "results.jsonl"
-    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    full_env.update(env or {})
+    extra = dict(env or {})
+    paths = [extra.pop("PYTHONPATH", ""), str(TESTS), os.environ.get("PYTHONPATH", "")]
+    full_env = {**os.environ, **extra, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     command = [sys.executable, "-m", "pytest", "conformance", "-p", "normconf_fakes", "-p", "no:cacheprovider"]
     if not any(a.startswith("--results") for a in args):
         command += ["--results", str(results)]

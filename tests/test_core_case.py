@@ -66,16 +66,46 @@ def test_layer_norm_field_errors_name_field_value_and_allowed(kw, field, value, 
     [
         ({"op": "rms_norm", "bias": True}, "bias", True, "False for op=rms_norm"),
         ({"op": "add_rms_norm", "bias": True}, "bias", True, "False for op=add_rms_norm"),
-        ({"op": "rms_norm", "weight": False, "weight_offset": 1.0}, "weight_offset", 1.0, "0.0 when weight=False"),
+        (
+            {"op": "rms_norm", "weight": False, "weight_offset": 1.0},
+            "weight_offset",
+            1.0,
+            "0.0 when weight=False",
+        ),
         ({"op": "rms_norm", "weight_offset": math.inf}, "weight_offset", math.inf, "a finite float"),
-        ({"op": "batch_norm", "weight_offset": 1.0, "shape": (4, 3)}, "weight_offset", 1.0, "0.0 for op=batch_norm"),
+        (
+            {"op": "batch_norm", "weight_offset": 1.0, "shape": (4, 3)},
+            "weight_offset",
+            1.0,
+            "0.0 for op=batch_norm",
+        ),
         ({"op": "batch_norm", "shape": (4,)}, "shape", (4,), "(N, C) or (N, C, L...) for op=batch_norm"),
         ({"op": "batch_norm", "shape": (4, 3), "norm_ndim": 2}, "norm_ndim", 2, "1 for op=batch_norm"),
-        ({"op": "batch_norm", "shape": (4, 3), "training": True, "momentum": 1.5}, "momentum", 1.5, "None or a float"),
-        ({"op": "batch_norm", "shape": (4, 3), "momentum": -0.1}, "momentum", -0.1, "None or a float in [0, 1]"),
+        (
+            {"op": "batch_norm", "shape": (4, 3), "training": True, "momentum": 1.5},
+            "momentum",
+            1.5,
+            "None or a float",
+        ),
+        (
+            {"op": "batch_norm", "shape": (4, 3), "momentum": -0.1},
+            "momentum",
+            -0.1,
+            "None or a float in [0, 1]",
+        ),
         # One value per channel: the unbiased running variance would divide by zero.
-        ({"op": "batch_norm", "shape": (1, 3), "training": True}, "shape", (1, 3), "more than one value per channel"),
-        ({"op": "batch_norm", "shape": (1, 3, 1), "training": True}, "shape", (1, 3, 1), "more than one value"),
+        (
+            {"op": "batch_norm", "shape": (1, 3), "training": True},
+            "shape",
+            (1, 3),
+            "more than one value per channel",
+        ),
+        (
+            {"op": "batch_norm", "shape": (1, 3, 1), "training": True},
+            "shape",
+            (1, 3, 1),
+            "more than one value",
+        ),
     ],
 )
 def test_op_specific_field_errors(case_kw, field, value, allowed):
@@ -122,7 +152,12 @@ def test_wrongly_typed_fields_raise_case_error_naming_the_field(field, kw):
 
 @pytest.mark.parametrize(
     ("op", "shape", "bias"),
-    [("layer_norm", (4, 8), True), ("batch_norm", (4, 3), True), ("rms_norm", (4, 8), False), ("add_rms_norm", (4, 8), False)],
+    [
+        ("layer_norm", (4, 8), True),
+        ("batch_norm", (4, 3), True),
+        ("rms_norm", (4, 8), False),
+        ("add_rms_norm", (4, 8), False),
+    ],
 )
 def test_unset_bias_resolves_to_the_ops_usual_form(op, shape, bias):
     assert Case(op, shape, "float32", 1e-5).bias is bias
@@ -160,8 +195,14 @@ def test_shape_list_becomes_tuple():
             Case("batch_norm", (6, 3, 5), "float32", 1e-5, training=True, momentum=None, bias=False),
             "batch_norm-float32-6x3x5-eps1e-05-normal-nob-train-mNone",
         ),
-        (Case("batch_norm", (32, 16), "float64", 0.01, training=True), "batch_norm-float64-32x16-eps0.01-normal-train-m0.1"),
-        (Case("rms_norm", (2, 8192), "float32", 1e-12, dist="zeros"), "rms_norm-float32-2x8192-eps1e-12-zeros"),
+        (
+            Case("batch_norm", (32, 16), "float64", 0.01, training=True),
+            "batch_norm-float64-32x16-eps0.01-normal-train-m0.1",
+        ),
+        (
+            Case("rms_norm", (2, 8192), "float32", 1e-12, dist="zeros"),
+            "rms_norm-float32-2x8192-eps1e-12-zeros",
+        ),
     ],
 )
 def test_id_literals(case, expected):
@@ -225,7 +266,9 @@ def test_id_is_shared_only_by_semantically_identical_cases():
 
 ROUND_TRIP = [
     ln(),
-    Case("rms_norm", (2, 3, 4), "bfloat16", 1e-6, param_dtype="float32", norm_ndim=2, weight_offset=1.0, seed=7),
+    Case(
+        "rms_norm", (2, 3, 4), "bfloat16", 1e-6, param_dtype="float32", norm_ndim=2, weight_offset=1.0, seed=7
+    ),
     bn(training=True, momentum=None, bias=False, dist="constant"),
     Case("layer_norm", (5,), "float16", 0.01, weight=False, bias=False, dist="outlier"),
 ]

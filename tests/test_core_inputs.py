@@ -1,4 +1,4 @@
-"""conformance.inputs: deterministic, correctly typed inputs whose distributions have their stated properties."""
+"""conformance.inputs: deterministic, typed inputs whose distributions have their stated properties."""
 
 from __future__ import annotations
 
@@ -75,7 +75,9 @@ def test_inputs_do_not_depend_on_the_python_hash_seed():
     digests = set()
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
         digests.add(done.stdout.strip())
     local = make_inputs(Case("layer_norm", (6, 40), "bfloat16", 1e-5, dist="outlier"))
     digests.add(hashlib.sha256(b"".join(local[k].tobytes() for k in sorted(local))).hexdigest())
@@ -171,7 +173,8 @@ def test_near_constant_group_variance_far_below_eps(op, dtype, eps):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
 @pytest.mark.parametrize(
-    ("op", "shape"), [("layer_norm", (5, 33)), ("rms_norm", (2, 3, 4)), ("batch_norm", (6, 4)), ("batch_norm", (2, 3, 4, 5))]
+    ("op", "shape"),
+    [("layer_norm", (5, 33)), ("rms_norm", (2, 3, 4)), ("batch_norm", (6, 4)), ("batch_norm", (2, 3, 4, 5))],
 )
 def test_constant_has_zero_variance_per_group(op, shape, dtype):
     case = Case(op, shape, dtype, 1e-5, dist="constant")
@@ -188,7 +191,9 @@ def test_constant_batch_norm_is_constant_per_channel_not_per_row():
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
-@pytest.mark.parametrize(("op", "shape"), [("layer_norm", (7, 50)), ("batch_norm", (10, 3, 5)), ("rms_norm", (3, 1))])
+@pytest.mark.parametrize(
+    ("op", "shape"), [("layer_norm", (7, 50)), ("batch_norm", (10, 3, 5)), ("rms_norm", (3, 1))]
+)
 def test_outlier_has_exactly_one_huge_element_per_group(op, shape, dtype):
     case = Case(op, shape, dtype, 1e-5, dist="outlier")
     groups = grouped(case, make_inputs(case)["x"])
@@ -271,7 +276,9 @@ def _running_stat_params() -> list[object]:
         for dist in DISTS:
             for param_dtype in (None, "float64", "float32", "float16", "bfloat16"):
                 marks = [RUNNING_MEAN_OVERFLOW] if (dtype, dist, param_dtype) in OVERFLOWING else []
-                params.append(pytest.param(dtype, dist, param_dtype, marks=marks, id=f"{dtype}-{dist}-p{param_dtype}"))
+                params.append(
+                    pytest.param(dtype, dist, param_dtype, marks=marks, id=f"{dtype}-{dist}-p{param_dtype}")
+                )
     return params
 
 

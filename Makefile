@@ -1,0 +1,33 @@
+# Two entry points for a fresh machine: `make conformance` (the main job) and `make test`.
+# Both create .venv on first use; TORCH selects the torch build (the CPU wheel 2.13.0 by default;
+# on a CUDA machine pass the CUDA build you want, e.g. TORCH="torch==2.13.0 --index-url ...").
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.normconf-installed
+PROFILE ?= ci
+WORKERS ?= auto
+
+.PHONY: setup conformance test lint types
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[all,test,lint]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+conformance: $(STAMP)
+	$(BIN)/pytest conformance --profile $(PROFILE) -n $(WORKERS)
+
+test: $(STAMP)
+	$(BIN)/pytest -n $(WORKERS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check conformance backends reports tests scripts
+
+types: $(STAMP)
+	$(BIN)/mypy

@@ -1,0 +1,1 @@
+"""Results (and benchmark JSON) rendered into reports; see the report issue."""

@@ -1,0 +1,179 @@
+"""conformance.ledger: matching known deviations and rejecting malformed entries."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from conformance import ledger
+from conformance.case import Case
+from conformance.ledger import LedgerError, load
+
+LN = Case("layer_norm", (4, 8), "float32", 1e-5)
+RMS16 = Case("rms_norm", (4, 8), "float16", 1e-6, dist="offset")
+BN_TRAIN = Case("batch_norm", (4, 3), "float32", 1e-5, training=True)
+BN_EVAL = Case("batch_norm", (4, 3), "float32", 1e-5)
+
+
+def write(tmp_path, body: str):
+    path = tmp_path / "ledger.toml"
+    path.write_text(body)
+    return path
+
+
+ENTRY = '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
+
+
+def test_builtin_ledger_loads():
+    table = load()
+    assert table.path == str(ledger.default_path())
+    assert table.sha256 == hashlib.sha256(ledger.default_path().read_bytes()).hexdigest()
+    for entry in table.entries:
+        assert entry.reason.strip()
+        assert 1.0 <= entry.band[0] <= entry.band[1]
+
+
+def test_empty_file_is_an_empty_ledger(tmp_path):
+    table = load(write(tmp_path, "# nothing known\n"))
+    assert table.entries == ()
+    assert table.find("fake-a", LN, "forward", "y") is None
+
+
+def test_entry_fields_are_parsed(tmp_path):
+    table = load(
+        write(
+            tmp_path,
+            '[[deviation]]\nbackend = ["fake-a", "fake-b"]\ncheck = "backward"\noutput = "dx"\n'
+            'op = "layer_norm"\n'
+            'band = [1, 3.5]\nreason = "float32 accumulation"\nlink = "https://example.invalid/1"\n',
+        )
+    )
+    (entry,) = table.entries
+    assert entry.index == 0
+    assert entry.match == {
+        "backend": ("fake-a", "fake-b"),
+        "check": ("backward",),
+        "output": ("dx",),
+        "op": ("layer_norm",),
+    }
+    assert entry.band == (1.0, 3.5)
+    assert entry.training is None
+    assert entry.link == "https://example.invalid/1"
+    assert entry.to_dict()["match"]["backend"] == ["fake-a", "fake-b"]
+    assert entry.to_dict()["band"] == [1.0, 3.5]
+
+
+@pytest.mark.parametrize(
+    ("extra", "matches", "misses"),
+    [
+        (
+            "",
+            [("fake-a", LN, "forward", "y"), ("fake-a", BN_TRAIN, "forward", "y")],
+            [
+                ("fake-b", LN, "forward", "y"),
+                ("fake-a", LN, "backward", "y"),
+                ("fake-a", LN, "forward", "dx"),
+            ],
+        ),
+        (
+            'op = ["rms_norm", "batch_norm"]\n',
+            [("fake-a", RMS16, "forward", "y"), ("fake-a", BN_EVAL, "forward", "y")],
+            [("fake-a", LN, "forward", "y")],
+        ),
+        ('dtype = "float16"\n', [("fake-a", RMS16, "forward", "y")], [("fake-a", LN, "forward", "y")]),
+        ('dist = "offset"\n', [("fake-a", RMS16, "forward", "y")], [("fake-a", LN, "forward", "y")]),
+        (
+            'case = ["rms_norm-float16-*-offset", "batch_norm-*-train-*"]\n',
+            [("fake-a", RMS16, "forward", "y"), ("fake-a", BN_TRAIN, "forward", "y")],
+            [("fake-a", LN, "forward", "y"), ("fake-a", BN_EVAL, "forward", "y")],
+        ),
+        (
+            "training = true\n",
+            [("fake-a", BN_TRAIN, "forward", "y")],
+            [("fake-a", BN_EVAL, "forward", "y"), ("fake-a", LN, "forward", "y")],
+        ),
+        (
+            "training = false\n",
+            [("fake-a", BN_EVAL, "forward", "y"), ("fake-a", LN, "forward", "y")],
+            [("fake-a", BN_TRAIN, "forward", "y")],
+        ),
+    ],
+    ids=["backend-check-output", "op", "dtype", "dist", "case-glob", "training", "eval"],
+)
+def test_matching(tmp_path, extra, matches, misses):
+    table = load(write(tmp_path, ENTRY + extra))
+    for query in matches:
+        assert table.find(*query) is table.entries[0], query
+    for query in misses:
+        assert table.find(*query) is None, query
+
+
+def test_case_glob_matches_the_whole_id(tmp_path):
+    table = load(write(tmp_path, ENTRY + 'case = "layer_norm-float32"\n'))
+    assert table.find("fake-a", LN, "forward", "y") is None  # a prefix is not a match; globs are explicit
+    table = load(write(tmp_path, ENTRY + f'case = "{LN.id}"\n'))
+    assert table.find("fake-a", LN, "forward", "y") is not None
+
+
+def test_first_matching_entry_wins(tmp_path):
+    table = load(
+        write(tmp_path, ENTRY + 'dtype = "float16"\n' + ENTRY.replace('reason = "r"', 'reason = "second"'))
+    )
+    assert table.find("fake-a", RMS16, "forward", "y").index == 0
+    assert table.find("fake-a", LN, "forward", "y").index == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "index", "words"),
+    [
+        (ENTRY.replace('reason = "r"\n', ""), 0, "missing field 'reason'"),
+        (ENTRY + ENTRY.replace('backend = "fake-a"\n', ""), 1, "missing field 'backend'"),
+        (ENTRY.replace('check = "forward"\n', ""), 0, "missing field 'check'"),
+        (ENTRY.replace('output = "y"\n', ""), 0, "missing field 'output'"),
+        (ENTRY.replace("band = [1, 2]\n", ""), 0, "missing field 'band'"),
+        (
+            ENTRY.replace("[1, 2]", "[0.5, 2]"),
+            0,
+            "band=[0.5, 2] is not allowed; allowed: [low, high] with 1 <= low <= high",
+        ),
+        (ENTRY.replace("[1, 2]", "[3, 2]"), 0, "band=[3, 2] is not allowed"),
+        (ENTRY.replace("[1, 2]", "[1, 2, 3]"), 0, "band=[1, 2, 3] is not allowed"),
+        (ENTRY.replace("[1, 2]", '["1", "2"]'), 0, "band=['1', '2'] is not allowed"),
+        (ENTRY.replace("[1, 2]", "2"), 0, "band=2 is not allowed"),
+        (ENTRY + ENTRY + 'severity = "high"\n', 1, "unknown field(s) ['severity']"),
+        (ENTRY + 'training = "yes"\n', 0, "training='yes' is not allowed; allowed: true, false"),
+        (
+            ENTRY.replace('"fake-a"', "[]"),
+            0,
+            "backend=[] is not allowed; allowed: a string or a list of strings",
+        ),
+        (ENTRY.replace('"fake-a"', "[1]"), 0, "backend=[1] is not allowed"),
+        (ENTRY + "case = 3\n", 0, "case=3 is not allowed"),
+        ("deviation = [1]\n", 0, "expected a table"),
+    ],
+)
+def test_malformed_entry_names_file_and_index(tmp_path, body, index, words):
+    path = write(tmp_path, body)
+    with pytest.raises(LedgerError) as info:
+        load(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: deviation[{index}]: ")
+    assert words in message
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [("deviation = 1\n", "expected [[deviation]] tables"), ("[[deviation\n", "cannot read ledger")],
+)
+def test_unreadable_ledger_names_the_file(tmp_path, body, words):
+    path = write(tmp_path, body)
+    with pytest.raises(LedgerError) as info:
+        load(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert words in str(info.value)
+
+
+def test_missing_ledger_names_the_file(tmp_path):
+    with pytest.raises(LedgerError, match=r"absent\.toml: cannot read ledger"):
+        load(tmp_path / "absent.toml")
