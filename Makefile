@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(BIN)/pytest -n $(WORKERS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check conformance backends reports tests scripts
+	$(BIN)/ruff check conformance backends tests scripts
 
 types: $(STAMP)
 	$(BIN)/mypy

@@ -61,13 +61,31 @@ class Case:
         if self.bias is None:
             # Unset bias means "the op's usual form": LN/BN carry one, RMSNorm has none.
             object.__setattr__(self, "bias", self.op in _BIAS_OPS)
+        if self.param_dtype == self.dtype:
+            # One spelling per meaning, so equal cases have equal ids and inputs.
+            object.__setattr__(self, "param_dtype", None)
         for check in (
+            self._check_types,
             self._check_names,
             self._check_shape,
             self._check_numbers,
             self._check_op_fields,
         ):
             check()
+
+    def _check_types(self) -> None:
+        """Wrong types fail here by name (a JSON "false" string must not mean True)."""
+        for name in ("weight", "bias", "training"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(name, getattr(self, name), "true or false")
+        if isinstance(self.norm_ndim, bool) or not isinstance(self.norm_ndim, int):
+            raise _fail("norm_ndim", self.norm_ndim, "an integer")
+        numbers = {"weight_offset": self.weight_offset}
+        if self.momentum is not None:
+            numbers["momentum"] = self.momentum
+        for name, value in numbers.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise _fail(name, value, "a number" + (" or None" if name == "momentum" else ""))
 
     def _check_names(self) -> None:
         if self.op not in OPS:
@@ -112,11 +130,11 @@ class Case:
             raise _fail("weight_offset", self.weight_offset, f"0.0 for op={self.op}")
         if self.weight_offset != 0.0 and not self.weight:
             raise _fail("weight_offset", self.weight_offset, "0.0 when weight=False")
-        if self.op != "batch_norm":
-            if self.training:
-                raise _fail("training", self.training, f"False for op={self.op}")
-            if self.momentum != 0.1:
-                raise _fail("momentum", self.momentum, f"0.1 (unused) for op={self.op}")
+        if self.op != "batch_norm" and self.training:
+            raise _fail("training", self.training, f"False for op={self.op}")
+        if not self.training and self.momentum != 0.1:
+            # momentum only matters for a training update; one spelling keeps ids unique.
+            raise _fail("momentum", self.momentum, f"0.1 (unused) for op={self.op} with training=False")
 
     @property
     def params(self) -> str:
@@ -175,7 +193,9 @@ class Case:
         unknown = sorted(set(data) - known - {"id"})
         if unknown:
             raise CaseError(f"unknown Case field(s) {unknown}; allowed: {', '.join(sorted(known))}")
-        missing = sorted(f.name for f in fields(cls) if f.name in {"op", "shape", "dtype", "eps"} and f.name not in data)
+        missing = sorted(
+            f.name for f in fields(cls) if f.name in {"op", "shape", "dtype", "eps"} and f.name not in data
+        )
         if missing:
             raise CaseError(f"missing Case field(s) {missing}")
         return cls(**{k: v for k, v in data.items() if k != "id"})

@@ -18,7 +18,7 @@ def load(path: str | Path) -> list[Case]:
     file = Path(path)
     try:
         text = file.read_text()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise CaseFileError(f"--cases={file}: cannot read: {exc}") from exc
     entries = _parse(file, text)
     cases = [_case(file, i, entry) for i, entry in enumerate(entries)]
@@ -34,7 +34,9 @@ def _parse(file: Path, text: str) -> list[Any]:
         elif file.suffix == ".json":
             data = json.loads(text)
         else:
-            raise CaseFileError(f"--cases={file}: suffix {file.suffix!r} is not allowed; allowed: .json, .toml")
+            raise CaseFileError(
+                f"--cases={file}: suffix {file.suffix!r} is not allowed; allowed: .json, .toml"
+            )
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise CaseFileError(f"--cases={file}: cannot parse: {exc}") from exc
     if not isinstance(data, list):

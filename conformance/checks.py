@@ -93,7 +93,9 @@ def _run(backend: Backend, case: Case, ctx: Context, grad: bool, calls: int = 1)
     )
 
 
-def _compared(backend: Backend, case: Case, ctx: Context, check: str, names: tuple[str, ...], grad: bool) -> Verdict:
+def _compared(
+    backend: Backend, case: Case, ctx: Context, check: str, names: tuple[str, ...], grad: bool
+) -> Verdict:
     run = _run(backend, case, ctx, grad)
     inputs, expected = materials(case)
     comparisons = tuple(
@@ -112,21 +114,27 @@ def _compared(backend: Backend, case: Case, ctx: Context, check: str, names: tup
     return dataclasses.replace(_judge(backend.name, case, check, comparisons, ctx), warnings=run.warnings)
 
 
-def _judge(backend: str, case: Case, check: str, comparisons: tuple[Comparison, ...], ctx: Context) -> Verdict:
+def _judge(
+    backend: str, case: Case, check: str, comparisons: tuple[Comparison, ...], ctx: Context
+) -> Verdict:
     """Apply the ledger: covered failures inside their band are xfailed; a covered pass is xpassed."""
     failing = [c for c in comparisons if not c.passed]
     stale = [c for c in comparisons if c.passed and ctx.ledger.find(backend, case, check, c.output)]
     if stale:
         entry = ctx.ledger.find(backend, case, check, stale[0].output)
         assert entry is not None
-        return Verdict("xpassed", messages.stale(backend, case, check, stale[0], entry, ctx.reproduce), comparisons)
+        return Verdict(
+            "xpassed", messages.stale(backend, case, check, stale[0], entry, ctx.reproduce), comparisons
+        )
     if not failing:
         return Verdict("passed", "", comparisons)
     covered = [(c, ctx.ledger.find(backend, case, check, c.output)) for c in failing]
     if all(entry is not None and c.worst_ratio <= entry.band[1] for c, entry in covered):
         reasons = "; ".join(f"{c.output}: {e.reason} (ledger deviation[{e.index}])" for c, e in covered if e)
         return Verdict("xfailed", reasons, comparisons)
-    text = "\n\n".join(messages.failure(backend, case, check, c, entry, ctx.reproduce) for c, entry in covered)
+    text = "\n\n".join(
+        messages.failure(backend, case, check, c, entry, ctx.reproduce) for c, entry in covered
+    )
     return Verdict("failed", text, comparisons)
 
 
@@ -158,7 +166,9 @@ def _determinism(backend: Backend, case: Case, caps: Capabilities, ctx: Context)
     grad = "backward" in caps.features
     run = _run(backend, case, ctx, grad, calls=2)
     first, second = run.outputs
-    problems = [messages.bits_changed(name, first[name], second[name], what="between two calls") for name in first]
+    problems = [
+        messages.bits_changed(name, first[name], second[name], what="between two calls") for name in first
+    ]
     problems = [text for text in problems if text]
     if problems:
         text = messages.header(backend.name, case, "determinism") + "\n".join(problems)

@@ -89,8 +89,8 @@ def compare(
     finite = np.isfinite(e)
     ratio = _ratios(a, e, tol.rtol, tol.atol * scale + tol.cond * mean_error * sensitivity)
     ratio = np.where(_overflow_agrees(a, e, dtype), 0.0, ratio)
-    diff = np.abs(a - e)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        diff = np.abs(a - e)
         rel = np.where(e != 0, diff / np.abs(e), np.where(diff == 0, 0.0, np.inf))
         ulps = diff / ulp(e, dtype)
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
@@ -129,7 +129,8 @@ def _overflow_agrees(a: np.ndarray, e: np.ndarray, dtype: str) -> np.ndarray:
     """An exact value beyond the dtype's range rounds to +-inf: inf (or the max) of its sign is right."""
     limit = float(finfo(dtype).max)
     beyond = np.isfinite(e) & (np.abs(e) > limit)
-    return beyond & (np.sign(a) == np.sign(e)) & (np.abs(a) >= limit)
+    agrees: np.ndarray = beyond & (np.sign(a) == np.sign(e)) & (np.abs(a) >= limit)
+    return agrees
 
 
 def _max(values: np.ndarray) -> float:
@@ -138,4 +139,6 @@ def _max(values: np.ndarray) -> float:
 
 def _problem(name: str, e: np.ndarray, tol: Tolerance, problem: str) -> Comparison:
     inf = float("inf")
-    return Comparison(name, int(e.size), int(e.size), inf, inf, inf, inf, (), 0.0, 0.0, 1.0, 0.0, 0.0, tol, problem)
+    return Comparison(
+        name, int(e.size), int(e.size), inf, inf, inf, inf, (), 0.0, 0.0, 1.0, 0.0, 0.0, tol, problem
+    )

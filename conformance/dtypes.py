@@ -25,7 +25,8 @@ _MANTISSA_BITS: dict[str, int] = {"float64": 52, "float32": 23, "float16": 10, "
 
 def numpy_dtype(name: str) -> np.dtype[Any]:
     """The NumPy dtype for a contract dtype name."""
-    return np.dtype(_NUMPY[name])
+    dtype: np.dtype[Any] = np.dtype(_NUMPY[name])
+    return dtype
 
 
 def unit_roundoff(name: str) -> float:
@@ -40,7 +41,7 @@ def stats_dtype(name: str) -> str:
 
 def finfo(name: str) -> Any:
     """``finfo`` that also understands bfloat16."""
-    return ml_dtypes.finfo(_NUMPY[name])
+    return ml_dtypes.finfo(_NUMPY[name])  # type: ignore[no-untyped-call]
 
 
 def round_to(values: np.ndarray, name: str) -> np.ndarray:

@@ -70,20 +70,22 @@ def run_backend(
     """prepare once, then ``calls`` x (call, synchronize, outputs); Unsupported passes through."""
     given = {k: np.array(v, copy=True) for k, v in inputs.items()}
 
-    def work() -> Run:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            prepared = _stage("prepare", lambda: backend.prepare(case, given, grad=grad), passthrough=True)
-            results = []
-            for _ in range(calls):
-                _stage("__call__", prepared)
-                _stage("synchronize", prepared.synchronize)
-                outputs = _stage("outputs", prepared.outputs)
-                results.append(_validated(outputs, expected_shapes))
-        seen = dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught)
-        return Run(tuple(results), given, tuple(seen))
+    def work() -> tuple[dict[str, np.ndarray], ...]:
+        prepared = _stage("prepare", lambda: backend.prepare(case, given, grad=grad), passthrough=True)
+        results = []
+        for _ in range(calls):
+            _stage("__call__", prepared)
+            _stage("synchronize", prepared.synchronize)
+            outputs = _stage("outputs", prepared.outputs)
+            results.append(_validated(outputs, expected_shapes))
+        return tuple(results)
 
-    return with_deadline(work, timeout, f"{backend.name} {case.id}")
+    # The catcher lives in this thread, so a timed-out worker cannot leave the filters changed.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outputs = with_deadline(work, timeout, f"{backend.name} {case.id}")
+    seen = dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught)
+    return Run(outputs, given, tuple(seen))
 
 
 def _stage(stage: str, fn: Callable[[], T], *, passthrough: bool = False) -> T:

@@ -45,7 +45,7 @@ def _to_layout(case: Case, grouped: np.ndarray) -> np.ndarray:
     if case.op != "batch_norm":
         return grouped.reshape(case.shape)
     n, c, rest = case.shape[0], case.shape[1], case.shape[2:]
-    per_channel = grouped.reshape((c, n) + rest)
+    per_channel = grouped.reshape((c, n, *rest))
     return np.moveaxis(per_channel, 0, 1)
 
 
@@ -65,8 +65,9 @@ def _near_constant(rng: np.random.Generator, case: Case) -> np.ndarray:
     The spread is 1% of sqrt(eps) (floored where float16 cannot hold it), so ``var + eps`` is
     dominated by eps and ``sqrt(var) + eps`` differs from ``sqrt(var + eps)`` by orders of magnitude.
     """
-    spread = max(0.01 * np.sqrt(case.eps), 1e-4 if case.dtype == "float16" else 0.0)
-    return spread * rng.standard_normal(_groups(case))
+    spread = max(0.01 * float(np.sqrt(case.eps)), 1e-4 if case.dtype == "float16" else 0.0)
+    values: np.ndarray = spread * rng.standard_normal(_groups(case))
+    return values
 
 
 def _constant(rng: np.random.Generator, case: Case) -> np.ndarray:
@@ -144,14 +145,17 @@ def _params(case: Case, rng: np.random.Generator, x: np.ndarray) -> dict[str, np
 
 def _running_stats(case: Case, rng: np.random.Generator, x: np.ndarray) -> dict[str, np.ndarray]:
     """Running statistics near the batch's own, so eval-mode outputs stay in a sensible range."""
-    axes = (0,) + tuple(range(2, x.ndim))
+    axes = (0, *range(2, x.ndim))
     values = x.astype(np.float64)
     mean, std = values.mean(axis=axes), values.std(axis=axes)
     channels = case.shape[1]
     running_mean = mean + 0.1 * std * rng.standard_normal(channels)
     running_var = std**2 * rng.uniform(0.5, 2.0, channels)
     # `large` fp16 batches have variances beyond float16; keep the running stats representable.
-    running_var = np.minimum(running_var, float(finfo(case.params).max) / 4)
+    # `large`/`offset` batches can exceed a narrower parameter dtype; keep the running stats finite.
+    limit = float(finfo(case.params).max) / 4
+    running_mean = np.clip(running_mean, -limit, limit)
+    running_var = np.minimum(running_var, limit)
     return {
         "running_mean": round_to(running_mean, case.params),
         "running_var": round_to(running_var, case.params),

@@ -15,7 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from conformance.case import Case
+from conformance.case import DISTS, OPS, Case
+from conformance.dtypes import DTYPES
 
 _MATCH_KEYS: tuple[str, ...] = ("backend", "check", "output", "op", "dtype", "dist", "case")
 _FIELDS = set(_MATCH_KEYS) | {"band", "reason", "link", "training"}
@@ -87,7 +88,9 @@ def load(path: str | Path | None = None) -> Ledger:
     entries = data.get("deviation", [])
     if not isinstance(entries, list):
         raise LedgerError(f"{file}: expected [[deviation]] tables")
-    return Ledger(str(file), hashlib.sha256(raw).hexdigest(), tuple(_entry(file, i, e) for i, e in enumerate(entries)))
+    return Ledger(
+        str(file), hashlib.sha256(raw).hexdigest(), tuple(_entry(file, i, e) for i, e in enumerate(entries))
+    )
 
 
 def _entry(file: Path, index: int, entry: Any) -> Deviation:
@@ -101,10 +104,26 @@ def _entry(file: Path, index: int, entry: Any) -> Deviation:
         if required not in entry:
             raise LedgerError(f"{where}: missing field {required!r}")
     match = {k: _strings(where, k, entry[k]) for k in _MATCH_KEYS if k in entry}
+    for key, allowed in _known().items():
+        unknown_values = sorted(set(match.get(key, ())) - set(allowed))
+        if unknown_values:
+            raise LedgerError(f"{where}: {key}={unknown_values} is not allowed; allowed: {', '.join(allowed)}")
+    if not str(entry["reason"]).strip():
+        raise LedgerError(f"{where}: reason='' is not allowed; allowed: an explanation of the deviation")
     training = entry.get("training")
     if training is not None and not isinstance(training, bool):
         raise LedgerError(f"{where}: training={training!r} is not allowed; allowed: true, false")
-    return Deviation(index, match, training, _band(where, entry["band"]), str(entry["reason"]), str(entry.get("link", "")))
+    return Deviation(
+        index, match, training, _band(where, entry["band"]), str(entry["reason"]), str(entry.get("link", ""))
+    )
+
+
+def _known() -> dict[str, tuple[str, ...]]:
+    # Imported here: checks imports this module, and a typo must not silently match nothing.
+    from conformance.checks import CHECK_NAMES
+    from conformance.tolerances import OUTPUTS
+
+    return {"check": CHECK_NAMES, "output": OUTPUTS, "op": OPS, "dtype": DTYPES, "dist": DISTS}
 
 
 def _strings(where: str, key: str, value: Any) -> tuple[str, ...]:
@@ -117,5 +136,7 @@ def _strings(where: str, key: str, value: Any) -> tuple[str, ...]:
 def _band(where: str, value: Any) -> tuple[float, float]:
     ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
     if not ok or not 1.0 <= value[0] <= value[1]:
-        raise LedgerError(f"{where}: band={value!r} is not allowed; allowed: [low, high] with 1 <= low <= high")
+        raise LedgerError(
+            f"{where}: band={value!r} is not allowed; allowed: [low, high] with 1 <= low <= high"
+        )
     return float(value[0]), float(value[1])

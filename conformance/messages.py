@@ -23,12 +23,15 @@ def _figures(c: Comparison) -> str:
         f"max_ulp {c.max_ulp:.4g}\n"
         f"  tolerance {tol.source}: |a - e| <= atol*scale + cond*mean_error*sensitivity + rtol*|e| with "
         f"rtol={tol.rtol:.3g}, atol={tol.atol:.3g}, scale={c.scale:.4g}, cond={tol.cond:g}, "
-        f"mean_error={c.mean_error:.3g}, sensitivity={c.sensitivity:.3g} -> atol_effective={c.atol_effective:.3g}\n"
+        f"mean_error={c.mean_error:.3g}, sensitivity={c.sensitivity:.3g} "
+        f"-> atol_effective={c.atol_effective:.3g}\n"
         f"  why: {tol.why}\n"
     )
 
 
-def failure(backend: str, case: Case, check: str, c: Comparison, entry: Deviation | None, reproduce: str) -> str:
+def failure(
+    backend: str, case: Case, check: str, c: Comparison, entry: Deviation | None, reproduce: str
+) -> str:
     if c.problem:
         head = f"output {c.output!r}: {c.problem}\n"
     else:

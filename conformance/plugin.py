@@ -32,8 +32,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--dtype", default=None, help="comma list of activation dtypes to run")
     group.addoption("--profile", default="smoke", help="case profile: smoke (default), ci, full")
     group.addoption("--cases", default=None, help="JSON or TOML file of cases to run instead of a profile")
-    group.addoption("--results", default=None, help="results file (default .normconf/results.jsonl under the rootdir)")
-    group.addoption("--call-timeout", type=float, default=300.0, help="seconds before a backend call is an error")
+    group.addoption(
+        "--results", default=None, help="results file (default .normconf/results.jsonl under the rootdir)"
+    )
+    group.addoption(
+        "--call-timeout", type=float, default=300.0, help="seconds before a backend call is an error"
+    )
     group.addoption("--tolerances", default=None, help="tolerance file (default: the built-in matrix)")
     group.addoption("--ledger", default=None, help="known-deviations ledger (default: the built-in one)")
     group.addoption("--list-backends", action="store_true", help="list backends with origin and capabilities")
@@ -96,7 +100,7 @@ class RunState:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not self.writer:
             return
-        recorded = [value for key, value in report.user_properties if key == PROPERTY]
+        recorded: list[dict[str, Any]] = [v for k, v in report.user_properties if k == PROPERTY]  # type: ignore[misc]
         if recorded and report.when == "call":
             self.records.append(recorded[-1])
         elif not recorded and report.failed and report.when != "teardown":
@@ -178,7 +182,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     check = metafunc.function.__name__.removeprefix("test_")
     if check not in checks.CHECKS:
-        raise pytest.UsageError(f"{metafunc.function.__name__}: no check named {check!r}; known {list(checks.CHECKS)}")
+        raise pytest.UsageError(
+            f"{metafunc.function.__name__}: no check named {check!r}; known {list(checks.CHECKS)}"
+        )
     settings = metafunc.config.stash[SETTINGS]
     # Case-major order: consecutive tests share one case, so its inputs and oracle are computed once.
     targets = [
@@ -187,9 +193,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if checks.APPLIES[check](case)
         for backend in settings.backends
     ]
-    metafunc.parametrize(
-        "normconf_target", targets, ids=[f"{b}:{c.id}" for b, c in targets]
-    )
+    metafunc.parametrize("normconf_target", targets, ids=[f"{b}:{c.id}" for b, c in targets])
 
 
 @pytest.fixture
@@ -235,5 +239,3 @@ def _crash_record(state: RunState, report: pytest.TestReport) -> dict[str, Any] 
     text = str(report.longrepr) if report.longrepr else "test failed without a result"
     reproduce = state.reproduce(report.nodeid, match["backend"])
     return Result(match["backend"], case_dict, match["check"], "error", text, reproduce=reproduce).to_dict()
-
-

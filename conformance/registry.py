@@ -98,7 +98,9 @@ def entries() -> dict[str, Entry]:
 def _add(table: dict[str, Entry], entry: Entry) -> None:
     _check_name(entry.name)
     if entry.name in table:
-        raise RegistryError(f"duplicate backend name {entry.name!r}: {table[entry.name].origin} and {entry.origin}")
+        raise RegistryError(
+            f"duplicate backend name {entry.name!r}: {table[entry.name].origin} and {entry.origin}"
+        )
     table[entry.name] = entry
 
 
@@ -108,7 +110,9 @@ def resolve(spec: str, table: dict[str, Entry]) -> list[str]:
         return list(table)
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
-        raise RegistryError(f"--backend={spec!r} is not allowed; allowed: all or a comma list of {list(table)}")
+        raise RegistryError(
+            f"--backend={spec!r} is not allowed; allowed: all or a comma list of {list(table)}"
+        )
     for name in names:
         if name not in table:
             guess = difflib.get_close_matches(name, list(table), n=1)

@@ -110,7 +110,7 @@ def _cpu_model() -> str:
 
 
 def header(cwd: Path, **extra: Any) -> dict[str, Any]:
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return {"kind": "header", "schema": SCHEMA_VERSION, "time": now, "environment": environment(cwd), **extra}
 
 
@@ -139,12 +139,15 @@ def read(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     file = Path(path)
     try:
         lines = file.read_text().splitlines()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise SchemaError(f"{file}: cannot read results: {exc}") from exc
     try:
         records = [json.loads(line) for line in lines if line.strip()]
     except json.JSONDecodeError as exc:
         raise SchemaError(f"{file}: corrupt results line: {exc}") from exc
+    bad = next((i for i, r in enumerate(records) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise SchemaError(f"{file}: corrupt results line {bad + 1}: expected a JSON object")
     if not records or records[0].get("kind") != "header":
         raise SchemaError(f"{file}: first record must be the header")
     schema = records[0].get("schema")

@@ -39,12 +39,16 @@ def _choices(option: str, value: str | None, allowed: tuple[str, ...]) -> tuple[
     return names
 
 
-def _cases(profile: str, cases_file: str | None, ops: tuple[str, ...] | None, dtypes: tuple[str, ...] | None) -> tuple[Case, ...]:
+def _cases(
+    profile: str, cases_file: str | None, ops: tuple[str, ...] | None, dtypes: tuple[str, ...] | None
+) -> tuple[Case, ...]:
     if cases_file is not None:
         chosen = casefile.load(cases_file)
     else:
         if profile not in profiles.PROFILES:
-            raise SettingsError(f"--profile={profile!r} is not allowed; allowed: {', '.join(profiles.PROFILES)}")
+            raise SettingsError(
+                f"--profile={profile!r} is not allowed; allowed: {', '.join(profiles.PROFILES)}"
+            )
         chosen = profiles.cases(profile)
     selected = tuple(
         c for c in chosen if (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)

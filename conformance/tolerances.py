@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -82,7 +83,13 @@ class Tolerance:
     why: str
 
     def to_dict(self) -> dict[str, object]:
-        return {"rtol": self.rtol, "atol": self.atol, "cond": self.cond, "source": self.source, "why": self.why}
+        return {
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "cond": self.cond,
+            "source": self.source,
+            "why": self.why,
+        }
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,9 @@ class ToleranceTable:
         query = (op, output, dtype, dist)
         candidates = [r for r in self.rules if r.matches(query)]
         if not candidates:
-            raise ToleranceError(f"{self.path}: no rule matches op={op} output={output} dtype={dtype} dist={dist}")
+            raise ToleranceError(
+                f"{self.path}: no rule matches op={op} output={output} dtype={dtype} dist={dist}"
+            )
         best = max(candidates, key=lambda r: r.specificity)
         return Tolerance(best.rtol, best.atol, best.cond, f"{Path(self.path).name} {best.source}", best.why)
 
@@ -135,20 +144,32 @@ def _rule(file: Path, index: int, entry: Any) -> Rule:
     why = entry.get("why")
     if not isinstance(why, str) or not why.strip():
         raise ToleranceError(f"{where}: why={why!r} is not allowed; allowed: a non-empty explanation")
-    return Rule(index=index, why=why.strip(), **keys, **numbers)
+    return Rule(
+        index=index,
+        op=keys["op"],
+        output=keys["output"],
+        dtype=keys["dtype"],
+        dist=keys["dist"],
+        rtol=numbers["rtol"],
+        atol=numbers["atol"],
+        cond=numbers["cond"],
+        why=why.strip(),
+    )
 
 
 def _key(where: str, name: str, value: Any) -> str | None:
     if value is None or value == "*":
         return None
     if value not in _ALLOWED[name]:
-        raise ToleranceError(f"{where}: {name}={value!r} is not allowed; allowed: *, {', '.join(_ALLOWED[name])}")
+        raise ToleranceError(
+            f"{where}: {name}={value!r} is not allowed; allowed: *, {', '.join(_ALLOWED[name])}"
+        )
     return str(value)
 
 
 def _number(where: str, name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ToleranceError(f"{where}: {name}={value!r} is not allowed; allowed: a number >= 0")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ToleranceError(f"{where}: {name}={value!r} is not allowed; allowed: a finite number >= 0")
     return float(value)
 
 

@@ -29,7 +29,9 @@ def main() -> None:
     for path in args.results:
         _, records = read(path)
         for r in records:
-            if r["outcome"] not in ("failed", "xfailed") or (args.backend and r["backend"] not in args.backend):
+            if r["outcome"] not in ("failed", "xfailed") or (
+                args.backend and r["backend"] not in args.backend
+            ):
                 continue
             case = r["case"]
             for c in r["comparisons"]:

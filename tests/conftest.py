@@ -37,17 +37,34 @@ class SuiteRun:
         return counts
 
 
-def run_suite(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> SuiteRun:
+def run_suite(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> SuiteRun:
     """Run ``python -m pytest conformance <args>`` from the repository root with the fakes loadable."""
     results = tmp_path / "results.jsonl"
     extra = dict(env or {})
     paths = [extra.pop("PYTHONPATH", ""), str(TESTS), os.environ.get("PYTHONPATH", "")]
     full_env = {**os.environ, **extra, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    command = [sys.executable, "-m", "pytest", "conformance", "-p", "normconf_fakes", "-p", "no:cacheprovider"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "conformance",
+        "-p",
+        "normconf_fakes",
+        "-p",
+        "no:cacheprovider",
+    ]
     if not any(a.startswith("--results") for a in args):
         command += ["--results", str(results)]
     done = subprocess.run(
-        [*command, *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout, check=False
+        [*command, *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     return SuiteRun(done.returncode, done.stdout + done.stderr, results)
 

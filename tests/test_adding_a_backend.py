@@ -31,14 +31,28 @@ def test_guide_package_installs_and_runs_by_name(tmp_path, suite):
         (package / name).write_text(text)
     site = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(site), str(package)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(package),
+        ],
         check=True,
         capture_output=True,
         timeout=300,
     )
     env = {"PYTHONPATH": str(site)}
     listing = suite("--list-backends", env=env)
-    assert "example-rmsnorm\n  origin: entry point example_rmsnorm:ExampleRMSNorm from normconf-example-rmsnorm 0.1.0" in listing.output
+    assert (
+        "example-rmsnorm\n  origin: entry point example_rmsnorm:ExampleRMSNorm"
+        " from normconf-example-rmsnorm 0.1.0" in listing.output
+    )
     run = suite("--backend", "example-rmsnorm", "--profile", "smoke", env=env)
     assert run.returncode == 0, run.output[-3000:]
     by_op = {}

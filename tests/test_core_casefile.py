@@ -119,13 +119,6 @@ def test_missing_file_names_it(tmp_path):
         load(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnicodeDecodeError,
-    reason="BUG conformance/casefile.py load(): file.read_text() only catches OSError, so a file that is "
-    "not UTF-8 text escapes as a bare UnicodeDecodeError instead of CaseFileError naming the file "
-    "(tolerances.load and ledger.load catch UnicodeDecodeError); catch (OSError, UnicodeDecodeError)",
-)
 def test_undecodable_file_names_it(tmp_path):
     path = tmp_path / "cases.json"
     path.write_bytes(b"\xff\xfe[{}]")

@@ -128,13 +128,6 @@ def test_nan_at_different_places_fails():
     assert c.worst_ratio == INF
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeWarning,
-    reason="BUG conformance/compare.py:92 compare(): `diff = np.abs(a - e)` runs outside np.errstate, so "
-    "inf - inf at a same-signed infinity emits 'RuntimeWarning: invalid value encountered in subtract' "
-    "(an error under -W error) although the position agrees; compute diff inside the errstate block",
-)
 def test_same_signed_inf_passes():
     c = compare("y", arr(INF, -INF, 1.0), arr(INF, -INF, 1.0), QUARTER, "float32")
     assert c.passed

@@ -210,15 +210,6 @@ def test_a_hung_adapter_times_out_naming_backend_and_case():
         release(event, what)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG conformance/execute.py run_backend(): warnings.catch_warnings(record=True) + "
-    "simplefilter('always') are entered inside the worker thread; on CallTimeout the abandoned thread "
-    "keeps them installed process-wide, so until the hung adapter returns (maybe never) every warning in "
-    "the main thread is silently recorded into the abandoned run (defeating -W error), and when it does "
-    "return it restores a stale filter list over whatever the main thread set meanwhile. Enter "
-    "catch_warnings in the calling thread around with_deadline() so it is always exited there",
-)
 def test_timeout_leaves_the_warning_filters_as_they_were():
     event = threading.Event()
     what = f"fake-inline {CASE.id}"

@@ -249,15 +249,6 @@ def test_every_profile_input_is_finite_and_running_var_non_negative(profile):
             assert np.all(f64(inputs["running_var"]) >= 0), case.id
 
 
-RUNNING_MEAN_OVERFLOW = pytest.mark.xfail(
-    strict=True,
-    raises=(RuntimeWarning, AssertionError),
-    reason="BUG conformance/inputs.py _running_stats: running_mean is not clamped to the parameter dtype "
-    "(only running_var is), so when param_dtype has a smaller range than dtype a batch mean beyond it "
-    "rounds to inf (e.g. float64 `large`, |x| ~ 1e150, param_dtype=float32; float32 `large` with "
-    "param_dtype=float16; float64 `offset` (1e6) with param_dtype=float16), with RuntimeWarning: overflow "
-    "encountered in cast; clamp running_mean to +-finfo(params).max/4 like running_var",
-)
 # (dtype, dist, param_dtype) whose running_mean overflows the parameter dtype today.
 OVERFLOWING = {
     ("float64", "large", "float32"),
@@ -275,7 +266,7 @@ def _running_stat_params() -> list[object]:
     for dtype in ("float64", "float32", "float16", "bfloat16"):
         for dist in DISTS:
             for param_dtype in (None, "float64", "float32", "float16", "bfloat16"):
-                marks = [RUNNING_MEAN_OVERFLOW] if (dtype, dist, param_dtype) in OVERFLOWING else []
+                marks = []
                 params.append(
                     pytest.param(dtype, dist, param_dtype, marks=marks, id=f"{dtype}-{dist}-p{param_dtype}")
                 )

@@ -177,3 +177,21 @@ def test_unreadable_ledger_names_the_file(tmp_path, body, words):
 def test_missing_ledger_names_the_file(tmp_path):
     with pytest.raises(LedgerError, match=r"absent\.toml: cannot read ledger"):
         load(tmp_path / "absent.toml")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("output", '"dw"', "output=['dw'] is not allowed; allowed: y, residual_out"),
+        ("check", '"fwd"', "check=['fwd'] is not allowed; allowed: forward, backward"),
+        ("dtype", '["float16", "fp8"]', "dtype=['fp8'] is not allowed"),
+        ("reason", '" "', "reason='' is not allowed"),
+    ],
+)
+def test_typo_in_an_entry_is_an_error_not_a_silent_mismatch(tmp_path, field, value, words):
+    entry = {"backend": '"b"', "check": '"forward"', "output": '"y"', "band": "[1.0, 2.0]", "reason": '"r"'}
+    entry[field] = value
+    path = write(tmp_path, "[[deviation]]\n" + "".join(f"{k} = {v}\n" for k, v in entry.items()))
+    with pytest.raises(LedgerError, match="deviation\\[0\\]") as info:
+        load(path)
+    assert words in str(info.value)

@@ -129,13 +129,6 @@ def test_read_skips_blank_lines_and_other_kinds(tmp_path):
     assert [r["kind"] for r in rows] == ["result"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="BUG conformance/results.py read(): a line that is valid JSON but not an object ('[1]', '5', "
-    "'\"x\"') reaches records[0].get / r.get and raises AttributeError instead of SchemaError naming the "
-    "file; check isinstance(record, dict) per line and report it as a corrupt results line",
-)
 @pytest.mark.parametrize(
     "text", [lines([1]), lines(HEADER) + "5\n"], ids=["header-not-object", "record-not-object"]
 )

@@ -131,7 +131,7 @@ def test_no_matching_rule_names_the_query(tmp_path):
         (rule(output="y") + rule(op="group_norm"), 1, ["op='group_norm' is not allowed", "layer_norm"]),
         (rule(output="z"), 0, ["output='z' is not allowed", "running_var"]),
         (rule(dist="uniform"), 0, ["dist='uniform' is not allowed", "near_constant"]),
-        (rule(output="y", rtol=-1e-3), 0, ["rtol=-0.001 is not allowed", "a number >= 0"]),
+        (rule(output="y", rtol=-1e-3), 0, ["rtol=-0.001 is not allowed", "a finite number >= 0"]),
         (rule(output="y", atol=-1), 0, ["atol=-1 is not allowed"]),
         (rule(output="y") + rule(output="dx", rtol="nan"), 1, ["rtol=nan is not allowed"]),
         ('[[rule]]\noutput = "y"\natol = 1\nwhy = "x"\n', 0, ["rtol=None is not allowed"]),
@@ -220,3 +220,12 @@ def test_tolerance_to_dict(builtin):
         "source": tol.source,
         "why": tol.why,
     }
+
+
+def test_infinite_tolerance_is_refused(tmp_path):
+    path = tmp_path / "inf.toml"
+    path.write_text('[[rule]]\noutput = "y"\nrtol = inf\natol = 0\nwhy = "never fails"\n')
+    with pytest.raises(
+        ToleranceError, match=r"rule\[0\]: rtol=inf is not allowed; allowed: a finite number >= 0"
+    ):
+        tolerances.load(path)

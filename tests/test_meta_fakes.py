@@ -12,8 +12,7 @@ import subprocess
 import sys
 
 import pytest
-
-from conftest import ROOT, run_suite
+from conftest import ROOT
 
 # fake -> (check, output) that must be reported failing with a tolerance message
 BROKEN = {
@@ -44,12 +43,18 @@ def test_broken_fake_is_caught(suite, fake):
     check, output = BROKEN[fake]
     run = suite("--backend", fake, "--profile", "smoke")
     assert run.returncode == 1, run.output[-3000:]
-    caught = [r for r in run.records if r["outcome"] == "failed" and r["check"] == check and output in _failing_outputs(r)]
+    caught = [
+        r
+        for r in run.records
+        if r["outcome"] == "failed" and r["check"] == check and output in _failing_outputs(r)
+    ]
     assert caught, f"{fake}: no failed {check} record for {output}"
     reason = caught[0]["reason"]
     assert f"output '{output}' out of tolerance" in reason
     assert "tolerances.toml rule[" in reason and "why:" in reason
-    assert f"reproduce: pytest conformance/suite/test_{check}.py::test_{check}[{fake}:" in reason.replace("'", "")
+    assert f"reproduce: pytest conformance/suite/test_{check}.py::test_{check}[{fake}:" in reason.replace(
+        "'", ""
+    )
 
 
 def test_reproduce_command_reruns_exactly_that_case(suite, tmp_path):
@@ -58,7 +63,15 @@ def test_reproduce_command_reruns_exactly_that_case(suite, tmp_path):
     command = shlex.split(failed["reproduce"])
     assert command[0] == "pytest"
     rerun = subprocess.run(
-        [sys.executable, "-m", *command, "--results", str(tmp_path / "again.jsonl"), "-p", "no:cacheprovider"],
+        [
+            sys.executable,
+            "-m",
+            *command,
+            "--results",
+            str(tmp_path / "again.jsonl"),
+            "-p",
+            "no:cacheprovider",
+        ],
         cwd=ROOT,
         env=run_env(),
         capture_output=True,

@@ -1,1 +1,0 @@
-"""Results (and benchmark JSON) rendered into reports; see the report issue."""
