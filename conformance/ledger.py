@@ -107,7 +107,9 @@ def _entry(file: Path, index: int, entry: Any) -> Deviation:
     for key, allowed in _known().items():
         unknown_values = sorted(set(match.get(key, ())) - set(allowed))
         if unknown_values:
-            raise LedgerError(f"{where}: {key}={unknown_values} is not allowed; allowed: {', '.join(allowed)}")
+            raise LedgerError(
+                f"{where}: {key}={unknown_values} is not allowed; allowed: {', '.join(allowed)}"
+            )
     if not str(entry["reason"]).strip():
         raise LedgerError(f"{where}: reason='' is not allowed; allowed: an explanation of the deviation")
     training = entry.get("training")
