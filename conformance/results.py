@@ -124,6 +124,10 @@ def write_atomic(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
                 out.write(json.dumps(record, allow_nan=False) + "\n")
             out.flush()
             os.fsync(out.fileno())
+        # mkstemp creates 0600; a results file is as readable as any file the user writes.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
