@@ -19,7 +19,7 @@ from conformance.backend import Capabilities, Inputs, Outputs, Unsupported
 from conformance.case import Case
 from conformance.dtypes import DTYPES, round_to
 
-OPS = frozenset({"layer_norm", "rms_norm", "batch_norm"})
+OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"})
 Forward = Callable[[], torch.Tensor]
 Build = Callable[[Case, "Tensors"], "TorchPrepared"]
 # What torch.nn and torch.nn.functional adapters declare beyond the feature names.
@@ -125,6 +125,19 @@ def offset_scale(weight: np.ndarray, offset: float, param_dtype: str) -> np.ndar
     return scale
 
 
+class Residual:
+    """add_rms_norm's residual stream: ``add(x)`` forms x + residual in the activation dtype (the
+    composed op's first half) and keeps it as residual_out, so the sum is computed once per call."""
+
+    def __init__(self, residual: torch.Tensor) -> None:
+        self.residual = residual
+        self.last: torch.Tensor | None = None
+
+    def add(self, x: torch.Tensor) -> torch.Tensor:
+        self.last = x + self.residual
+        return self.last
+
+
 @dataclass(frozen=True)
 class Tensors:
     """A case's inputs on the device; ``x`` (and weight/bias when given) require grad when gradients do."""
@@ -135,6 +148,11 @@ class Tensors:
     running_mean: torch.Tensor | None
     running_var: torch.Tensor | None
     dy: torch.Tensor | None
+    residual: Residual | None = None
+
+    def input(self) -> torch.Tensor:
+        """What the normalization reads: x, or x + residual for add_rms_norm (inside autograd)."""
+        return self.x if self.residual is None else self.residual.add(self.x)
 
     def mixed(self) -> bool:
         """Whether any parameter's dtype differs from the activations'."""
@@ -149,6 +167,7 @@ class Tensors:
             shape = (2, *case.param_shape)
         x = torch.zeros(shape, dtype=self.x.dtype, device=self.x.device)
         dy = None if self.dy is None else torch.zeros(shape, dtype=self.dy.dtype, device=self.dy.device)
+        residual = None if self.residual is None else Residual(torch.zeros_like(x))
         return replace(
             self,
             x=x.requires_grad_(self.x.requires_grad),
@@ -157,6 +176,7 @@ class Tensors:
             running_mean=_clone(self.running_mean),
             running_var=_clone(self.running_var),
             dy=dy,
+            residual=residual,
         )
 
 
@@ -183,6 +203,7 @@ def load(case: Case, inputs: Inputs, *, grad: bool, weight: np.ndarray | None = 
         running_mean=get("running_mean"),
         running_var=get("running_var"),
         dy=get("dy") if grad else None,
+        residual=Residual(to_torch(inputs["residual"], dev)) if "residual" in inputs else None,
     )
 
 
@@ -249,6 +270,7 @@ class TorchPrepared:
         self._out_dtypes = dict(out_dtypes or {})
         self._quiet = quiet
         self._device = tensors.x.device
+        self._residual = tensors.residual
         self._results: dict[str, torch.Tensor] = {}
 
     def __call__(self) -> None:
@@ -264,12 +286,17 @@ class TorchPrepared:
     def _run(self) -> dict[str, torch.Tensor]:
         if self._dy is None:
             with torch.no_grad():
-                return {"y": self._forward()}
+                return {"y": self._forward(), **self._residual_out()}
         with torch.enable_grad():
             y = self._forward()
             # autograd.grad returns fresh gradients: nothing accumulates into .grad across calls.
             grads = torch.autograd.grad(y, list(self._wrt.values()), grad_outputs=self._dy)
-        return {"y": y.detach(), **dict(zip(self._wrt, grads, strict=True))}
+        return {"y": y.detach(), **self._residual_out(), **dict(zip(self._wrt, grads, strict=True))}
+
+    def _residual_out(self) -> dict[str, torch.Tensor]:
+        if self._residual is None or self._residual.last is None:
+            return {}
+        return {"residual_out": self._residual.last.detach()}
 
     def synchronize(self) -> None:
         synchronize(self._device)
@@ -315,7 +342,7 @@ def library_prepared(
         gradient_targets(case, tensors.x, weight, bias),
         stats=stats,
         out_dtypes={"dweight": params} if widened else None,
-        quiet=MIXED_RMS if case.op == "rms_norm" and tensors.mixed() else None,
+        quiet=MIXED_RMS if case.op in ("rms_norm", "add_rms_norm") and tensors.mixed() else None,
     )
 
 

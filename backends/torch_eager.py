@@ -149,13 +149,11 @@ def _prepared(
     *,
     stats: common.RunningStats | None = None,
 ) -> common.TorchPrepared:
-    x = tensors.x
-
     def forward() -> torch.Tensor:
-        y: torch.Tensor = module(x)
+        y: torch.Tensor = module(tensors.input())
         return y
 
-    wrt = common.gradient_targets(case, x, weight, bias)
+    wrt = common.gradient_targets(case, tensors.x, weight, bias)
     return common.TorchPrepared(forward, tensors, wrt, stats=stats)
 
 
@@ -163,6 +161,8 @@ _BUILD: dict[str, common.Build] = {
     "layer_norm": _layer_norm,
     "rms_norm": _rms_norm,
     "batch_norm": _batch_norm,
+    # The eager composition: x + residual in the activation dtype, then the seed RMSNorm.
+    "add_rms_norm": _rms_norm,
 }
 
 

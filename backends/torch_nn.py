@@ -102,10 +102,9 @@ def _prepared(
     stats: common.RunningStats | None = None,
 ) -> common.TorchPrepared:
     _load_affine(weight, bias, tensors)
-    x = tensors.x
 
     def forward() -> torch.Tensor:
-        y: torch.Tensor = module(x)
+        y: torch.Tensor = module(tensors.input())
         return y
 
     return common.library_prepared(case, tensors, forward, weight, bias, stats=stats)
@@ -115,6 +114,8 @@ _NN: dict[str, common.Build] = {
     "layer_norm": _nn_layer_norm,
     "rms_norm": _nn_rms_norm,
     "batch_norm": _nn_batch_norm,
+    # add_rms_norm composed: x + residual in the activation dtype, then nn.RMSNorm.
+    "add_rms_norm": _nn_rms_norm,
 }
 
 
@@ -141,7 +142,7 @@ def _functional_layer_norm(case: Case, t: common.Tensors) -> common.TorchPrepare
 def _functional_rms_norm(case: Case, t: common.Tensors) -> common.TorchPrepared:
 
     def forward() -> torch.Tensor:
-        return F.rms_norm(t.x, list(case.param_shape), weight=t.weight, eps=case.eps)
+        return F.rms_norm(t.input(), list(case.param_shape), weight=t.weight, eps=case.eps)
 
     return common.library_prepared(case, t, forward, t.weight, None)
 
@@ -173,6 +174,7 @@ _FUNCTIONAL: dict[str, common.Build] = {
     "layer_norm": _functional_layer_norm,
     "rms_norm": _functional_rms_norm,
     "batch_norm": _functional_batch_norm,
+    "add_rms_norm": _functional_rms_norm,
 }
 
 

@@ -122,6 +122,10 @@ def make_inputs(case: Case, *, grad: bool = True) -> dict[str, np.ndarray]:
     rng = rng_for(case)
     x = round_to(_to_layout(case, DISTRIBUTIONS[case.dist](rng, case)), case.dtype)
     inputs = {"x": x}
+    if case.op == "add_rms_norm":
+        # The residual stream: same distribution, its own draw.
+        residual = DISTRIBUTIONS[case.dist](rng_for(case, "residual"), case)
+        inputs["residual"] = round_to(_to_layout(case, residual), case.dtype)
     inputs.update(_params(case, rng, x))
     if grad:
         # Random, never all ones: a backward that ignores dy's values must not pass by accident.

@@ -15,7 +15,7 @@ from conformance.case import DISTS, Case, CaseError
 from conformance.dtypes import DTYPES
 
 PROFILES: tuple[str, ...] = ("smoke", "ci", "full")
-ROW_OPS = ("layer_norm", "rms_norm")
+ROW_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 HALF = ("float16", "bfloat16")
 
 
@@ -124,7 +124,12 @@ CI: tuple[Grid, ...] = (
     ),
     Grid(
         "Gemma (1 + w) RMSNorm on normal and offset rows in every dtype",
-        {"op": ("rms_norm",), "dtype": DTYPES, "dist": ("normal", "offset"), "shape": ((8, 256),)},
+        {
+            "op": ("rms_norm", "add_rms_norm"),
+            "dtype": DTYPES,
+            "dist": ("normal", "offset"),
+            "shape": ((8, 256),),
+        },
         {"eps": 1e-6, "weight_offset": 1.0, "bias": False},
     ),
     Grid(

@@ -11,7 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from conformance.case import Case
-from conformance.oracle import batch_norm, layer_norm, rms_norm
+from conformance.oracle import add_rms_norm, batch_norm, layer_norm, rms_norm
 from conformance.oracle.layer_norm import Array
 
 __all__ = ["ORACLES", "OpOracle", "evaluate"]
@@ -27,6 +27,7 @@ ORACLES: Mapping[str, OpOracle] = {
     "layer_norm": layer_norm,
     "rms_norm": rms_norm,
     "batch_norm": batch_norm,
+    "add_rms_norm": add_rms_norm,
 }
 
 
