@@ -45,6 +45,7 @@ class Verdict:
     reason: str = ""
     comparisons: tuple[Comparison, ...] = ()
     warnings: tuple[str, ...] = ()
+    info: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
 
 def forward_outputs(case: Case) -> tuple[str, ...]:
@@ -111,7 +112,8 @@ def _compared(
         )
         for name in names
     )
-    return dataclasses.replace(_judge(backend.name, case, check, comparisons, ctx), warnings=run.warnings)
+    verdict = _judge(backend.name, case, check, comparisons, ctx)
+    return dataclasses.replace(verdict, warnings=run.warnings, info=run.info)
 
 
 def _judge(
@@ -158,8 +160,8 @@ def _inputs_unchanged(backend: Backend, case: Case, caps: Capabilities, ctx: Con
     problems = [text for text in changed if text]
     if problems:
         text = messages.header(backend.name, case, "inputs_unchanged") + "\n".join(problems)
-        return Verdict("failed", f"{text}\nreproduce: {ctx.reproduce}", warnings=run.warnings)
-    return Verdict("passed", warnings=run.warnings)
+        return Verdict("failed", f"{text}\nreproduce: {ctx.reproduce}", warnings=run.warnings, info=run.info)
+    return Verdict("passed", warnings=run.warnings, info=run.info)
 
 
 def _determinism(backend: Backend, case: Case, caps: Capabilities, ctx: Context) -> Verdict:
@@ -172,8 +174,8 @@ def _determinism(backend: Backend, case: Case, caps: Capabilities, ctx: Context)
     problems = [text for text in problems if text]
     if problems:
         text = messages.header(backend.name, case, "determinism") + "\n".join(problems)
-        return Verdict("failed", f"{text}\nreproduce: {ctx.reproduce}", warnings=run.warnings)
-    return Verdict("passed", warnings=run.warnings)
+        return Verdict("failed", f"{text}\nreproduce: {ctx.reproduce}", warnings=run.warnings, info=run.info)
+    return Verdict("passed", warnings=run.warnings, info=run.info)
 
 
 Check = Callable[[Backend, Case, Capabilities, Context], Verdict]
@@ -212,8 +214,17 @@ def run_check(check: str, backend: Backend, caps: Capabilities, case: Case, ctx:
         comparisons=tuple(c.to_dict() for c in verdict.comparisons),
         duration_s=time.perf_counter() - start,
         reproduce=ctx.reproduce,
-        extra={"warnings": list(verdict.warnings)} if verdict.warnings else {},
+        extra=_extra(verdict),
     )
+
+
+def _extra(verdict: Verdict) -> dict[str, object]:
+    extra: dict[str, object] = {}
+    if verdict.warnings:
+        extra["warnings"] = list(verdict.warnings)
+    if verdict.info:
+        extra["info"] = dict(verdict.info)
+    return extra
 
 
 def _guarded(fn: Check, backend: Backend, case: Case, caps: Capabilities, ctx: Context) -> Verdict:

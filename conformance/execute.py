@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -36,6 +36,7 @@ class Run:
     outputs: tuple[dict[str, np.ndarray], ...]
     inputs: dict[str, np.ndarray]
     warnings: tuple[str, ...] = ()
+    info: Mapping[str, object] = field(default_factory=dict)
 
 
 def with_deadline(work: Callable[[], T], timeout: float, what: str) -> T:
@@ -70,7 +71,7 @@ def run_backend(
     """prepare once, then ``calls`` x (call, synchronize, outputs); Unsupported passes through."""
     given = {k: np.array(v, copy=True) for k, v in inputs.items()}
 
-    def work() -> tuple[dict[str, np.ndarray], ...]:
+    def work() -> tuple[tuple[dict[str, np.ndarray], ...], dict[str, object]]:
         prepared = _stage("prepare", lambda: backend.prepare(case, given, grad=grad), passthrough=True)
         results = []
         for _ in range(calls):
@@ -78,14 +79,25 @@ def run_backend(
             _stage("synchronize", prepared.synchronize)
             outputs = _stage("outputs", prepared.outputs)
             results.append(_validated(outputs, expected_shapes))
-        return tuple(results)
+        return tuple(results), _info(prepared)
 
     # The catcher lives in this thread, so a timed-out worker cannot leave the filters changed.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        outputs = with_deadline(work, timeout, f"{backend.name} {case.id}")
+        outputs, info = with_deadline(work, timeout, f"{backend.name} {case.id}")
     seen = dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught)
-    return Run(outputs, given, tuple(seen))
+    return Run(outputs, given, tuple(seen), info)
+
+
+def _info(prepared: object) -> dict[str, object]:
+    """The optional ``Prepared.info()``: what the adapter chose for this case (opset, provider, mode)."""
+    info = getattr(prepared, "info", None)
+    if info is None:
+        return {}
+    value = _stage("info", info)
+    if not isinstance(value, Mapping):
+        raise AdapterError(f"info() returned {type(value).__name__}, expected a mapping")
+    return {str(k): v if isinstance(v, (str, int, float, bool)) or v is None else str(v) for k, v in value.items()}
 
 
 def _stage(stage: str, fn: Callable[[], T], *, passthrough: bool = False) -> T:

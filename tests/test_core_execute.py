@@ -222,3 +222,38 @@ def test_timeout_leaves_the_warning_filters_as_they_were():
             warnings.warn("after a timeout", UserWarning, stacklevel=1)
     finally:
         release(event, what)
+
+
+def test_prepared_info_is_recorded_when_given():
+    class WithInfo:
+        name = "fake-info"
+
+        def prepare(self, case, inputs, *, grad):
+            class P:
+                def __call__(self):
+                    pass
+
+                def synchronize(self):
+                    pass
+
+                def outputs(self):
+                    return {"y": np.zeros(case.shape, np.float32)}
+
+                def info(self):
+                    return {"opset": 18, "provider": "CPUExecutionProvider", "obj": object}
+
+            return P()
+
+    from conformance.execute import run_backend
+
+    ran = run_backend(
+        WithInfo(),
+        CASE,
+        {"x": np.zeros(CASE.shape, np.float32)},
+        grad=False,
+        calls=1,
+        expected_shapes={"y": CASE.shape},
+        timeout=5,
+    )
+    assert ran.info["opset"] == 18 and ran.info["provider"] == "CPUExecutionProvider"
+    assert isinstance(ran.info["obj"], str)
