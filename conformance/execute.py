@@ -97,7 +97,8 @@ def _info(prepared: object) -> dict[str, object]:
     value = _stage("info", info)
     if not isinstance(value, Mapping):
         raise AdapterError(f"info() returned {type(value).__name__}, expected a mapping")
-    return {str(k): v if isinstance(v, (str, int, float, bool)) or v is None else str(v) for k, v in value.items()}
+    plain = (str, int, float, bool, type(None))
+    return {str(k): v if isinstance(v, plain) else str(v) for k, v in value.items()}
 
 
 def _stage(stage: str, fn: Callable[[], T], *, passthrough: bool = False) -> T:
