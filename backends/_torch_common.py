@@ -15,9 +15,10 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from backends._translate import offset_scale
 from conformance.backend import Capabilities, Inputs, Outputs, Unsupported
 from conformance.case import Case
-from conformance.dtypes import DTYPES, round_to
+from conformance.dtypes import DTYPES
 
 OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"})
 Forward = Callable[[], torch.Tensor]
@@ -108,21 +109,6 @@ def momentum_factor(momentum: float | None, num_batches_tracked: torch.Tensor) -
         # float() of the counter waits for the device, exactly as torch.nn's own forward does.
         return 1.0 / float(num_batches_tracked)
     return momentum
-
-
-def offset_scale(weight: np.ndarray, offset: float, param_dtype: str) -> np.ndarray:
-    """``offset + weight`` held exactly, for libraries whose RMSNorm has no offset (Gemma's 1 + w).
-
-    The target is the float64 value of ``offset + weight`` (the scale the float64 reference uses);
-    it is stored in the narrowest of (param dtype widened to float32, float64) that holds it exactly,
-    so the translation itself adds no rounding beyond the reference's own.
-    """
-    scale = offset + weight.astype(np.float64)
-    narrow = "float64" if param_dtype == "float64" else "float32"
-    held = round_to(scale, narrow)
-    if np.array_equal(held.astype(np.float64), scale):
-        return held
-    return scale
 
 
 class Residual:

@@ -7,6 +7,8 @@ bias-without-weight gets a frozen weight of ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,30 +43,29 @@ def _load_affine(weight: torch.Tensor | None, bias: torch.Tensor | None, tensors
             bias.copy_(tensors.bias)
 
 
-def _nn_layer_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
-    module = nn.LayerNorm(
+def layer_norm_module(case: Case, dtype: torch.dtype, device: torch.device) -> nn.LayerNorm:
+    """torch.nn.LayerNorm over the case's trailing dims, every argument explicit."""
+    return nn.LayerNorm(
         list(case.param_shape),
         eps=case.eps,
         elementwise_affine=case.weight or bool(case.bias),
         bias=bool(case.bias),
-        device=tensors.x.device,
-        dtype=_dtype(case, tensors),
+        device=device,
+        dtype=dtype,
     )
-    return _prepared(case, tensors, module, module.weight, module.bias)
 
 
-def _nn_rms_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
-    module = nn.RMSNorm(
-        list(case.param_shape),
-        eps=case.eps,
-        elementwise_affine=case.weight,
-        device=tensors.x.device,
-        dtype=_dtype(case, tensors),
+def rms_norm_module(case: Case, dtype: torch.dtype, device: torch.device) -> nn.RMSNorm:
+    """torch.nn.RMSNorm over the case's trailing dims, every argument explicit."""
+    return nn.RMSNorm(
+        list(case.param_shape), eps=case.eps, elementwise_affine=case.weight, device=device, dtype=dtype
     )
-    return _prepared(case, tensors, module, module.weight, None)
 
 
-def _nn_batch_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
+def batch_norm_module(
+    case: Case, dtype: torch.dtype, device: torch.device
+) -> nn.modules.batchnorm._BatchNorm:
+    """torch.nn.BatchNorm1d/2d/3d by input rank, in the case's mode, every argument explicit."""
     cls = _BATCH_NORMS.get(len(case.shape))
     if cls is None:
         raise Unsupported(f"torch.nn has BatchNorm1d/2d/3d for 2-D to 5-D input; shape={case.shape}")
@@ -74,11 +75,34 @@ def _nn_batch_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
         momentum=case.momentum,
         affine=case.weight or bool(case.bias),
         track_running_stats=True,
-        device=tensors.x.device,
-        dtype=_dtype(case, tensors),
+        device=device,
+        dtype=dtype,
         bias=bool(case.bias),
     )
-    module.train(case.training)
+    return module.train(case.training)
+
+
+# The module of each op (add_rms_norm: x + residual in the activation dtype, then nn.RMSNorm).
+MODULES: dict[str, Callable[[Case, torch.dtype, torch.device], nn.Module]] = {
+    "layer_norm": layer_norm_module,
+    "rms_norm": rms_norm_module,
+    "batch_norm": batch_norm_module,
+    "add_rms_norm": rms_norm_module,
+}
+
+
+def _nn_layer_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
+    module = layer_norm_module(case, _dtype(case, tensors), tensors.x.device)
+    return _prepared(case, tensors, module, module.weight, module.bias)
+
+
+def _nn_rms_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
+    module = rms_norm_module(case, _dtype(case, tensors), tensors.x.device)
+    return _prepared(case, tensors, module, module.weight, None)
+
+
+def _nn_batch_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
+    module = batch_norm_module(case, _dtype(case, tensors), tensors.x.device)
     stats = _load_stats(module, tensors)
     return _prepared(case, tensors, module, module.weight, module.bias, stats if case.training else None)
 

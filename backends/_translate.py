@@ -1,0 +1,25 @@
+"""Convention translations shared by adapters of every library; NumPy only (no torch, no onnx).
+
+An adapter whose library lacks a parameter of the contract translates it exactly here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conformance.dtypes import round_to
+
+
+def offset_scale(weight: np.ndarray, offset: float, param_dtype: str) -> np.ndarray:
+    """``offset + weight`` held exactly, for libraries whose RMSNorm has no offset (Gemma's 1 + w).
+
+    The target is the float64 value of ``offset + weight`` (the scale the float64 reference uses);
+    it is stored in the narrowest of (param dtype widened to float32, float64) that holds it exactly,
+    so the translation itself adds no rounding beyond the reference's own.
+    """
+    scale = offset + weight.astype(np.float64)
+    narrow = "float64" if param_dtype == "float64" else "float32"
+    held = round_to(scale, narrow)
+    if np.array_equal(held.astype(np.float64), scale):
+        return held
+    return scale
