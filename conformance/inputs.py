@@ -20,10 +20,11 @@ Draw = Callable[[np.random.Generator, Case], np.ndarray]
 # activation dtype or a one-pass E[x^2]-E[x]^2 lose most digits; small enough that the spread
 # (sigma = 1) still spans several representable steps at that magnitude.
 OFFSET_KAPPA: dict[str, float] = {"float64": 1e6, "float32": 1e3, "float16": 256.0, "bfloat16": 32.0}
-# Scale of `large`: fp16 squares overflow fp16 (300^2 > 65504); fp32/bf16 squares near 1e36 stay
-# finite, and so do their sums over rows of up to ~300 elements (the grids keep `large` rows that
-# short), so float32 statistics are exercised near the top of their range without leaving it.
-LARGE_SCALE: dict[str, float] = {"float64": 1e150, "float32": 1e18, "float16": 300.0, "bfloat16": 1e18}
+# Scale of `large`: fp16 squares overflow fp16 (300^2 > 65504); fp32/bf16 squares near 2.5e35 stay
+# finite, and so do their sums over rows of up to ~600 elements (x + residual doubles them for
+# add_rms_norm; the grids keep `large` rows at most 200 long), so float32 statistics are exercised
+# near the top of their range (3.4e38) without leaving it.
+LARGE_SCALE: dict[str, float] = {"float64": 1e150, "float32": 5e17, "float16": 300.0, "bfloat16": 5e17}
 # Scale of `small`: squares fall into (or below) the dtype's subnormal range.
 SMALL_SCALE: dict[str, float] = {"float64": 1e-160, "float32": 1e-20, "float16": 1e-3, "bfloat16": 1e-20}
 # Size of the one huge element of `outlier`, representable in every dtype.
@@ -85,7 +86,7 @@ def _outlier(rng: np.random.Generator, case: Case) -> np.ndarray:
 
 
 def _large(rng: np.random.Generator, case: Case) -> np.ndarray:
-    """Values whose squares overflow the dtype (fp16) or approach its limit (fp32 near 1e18)."""
+    """Values whose squares overflow the dtype (fp16) or approach its limit (fp32/bf16 near 5e17)."""
     return LARGE_SCALE[case.dtype] * rng.standard_normal(_groups(case))
 
 

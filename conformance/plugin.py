@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
-from conformance import checks, listing, registry, summary
+from conformance import checks, listing, registry, shard, summary
 from conformance.backend import Backend, BackendUnavailable, Capabilities
 from conformance.results import Result, header, write_atomic
 from conformance.settings import Settings, SettingsError, build
 
 SETTINGS = pytest.StashKey[Settings]()
+SHARD = pytest.StashKey[shard.Shard | None]()
 STATE = pytest.StashKey["RunState"]()
 PROPERTY = "normconf_result"
 _NODE = re.compile(r"::test_(?P<check>\w+)\[(?P<backend>[a-z0-9-]+):(?P<case>[^\]]+)\]$")
@@ -41,6 +42,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--tolerances", default=None, help="tolerance file (default: the built-in matrix)")
     group.addoption("--ledger", default=None, help="known-deviations ledger (default: the built-in one)")
     group.addoption("--list-backends", action="store_true", help="list backends with origin and capabilities")
+    group.addoption(
+        "--shard", default=None, help="run only part K of N (e.g. 2/4): whole cases, dealt round-robin by id"
+    )
 
 
 def _settings(config: pytest.Config) -> Settings:
@@ -71,9 +75,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "normconf: a normconf conformance check")
     try:
         settings = _settings(config)
-    except SettingsError as exc:
+        part = shard.parse(config.getoption("--shard")) if config.getoption("--shard") else None
+    except (SettingsError, shard.ShardError) as exc:
         raise pytest.UsageError(str(exc)) from exc
     config.stash[SETTINGS] = settings
+    config.stash[SHARD] = part
     state = RunState(settings, config)
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normconf-run-state")
@@ -136,6 +142,7 @@ class RunState:
             tolerances={"path": s.tolerances.path, "sha256": s.tolerances.sha256},
             ledger={"path": s.ledger.path, "sha256": s.ledger.sha256},
             exitstatus=exitstatus,
+            **_shard_field(self.config),
         )
 
     def load_strict(self, name: str) -> None:
@@ -166,6 +173,11 @@ class RunState:
         return shlex.join(parts)
 
 
+def _shard_field(config: pytest.Config) -> dict[str, Any]:
+    part = config.stash[SHARD]
+    return {"shard": part.to_dict()} if part is not None else {}
+
+
 def _plugin_args(config: pytest.Config) -> list[str]:
     args = list(config.invocation_params.args)
     extra = []
@@ -194,6 +206,24 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         for backend in settings.backends
     ]
     metafunc.parametrize("normconf_target", targets, ids=[f"{b}:{c.id}" for b, c in targets])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    part = config.stash.get(SHARD, None)
+    if part is None:
+        return
+    kept = shard.select(items, part, _case_id, lambda item: item.nodeid)
+    chosen = set(map(id, kept))
+    deselected = [item for item in items if id(item) not in chosen]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+    items[:] = kept
+
+
+def _case_id(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    target = callspec.params.get("normconf_target") if callspec is not None else None
+    return target[1].id if target is not None else None
 
 
 @pytest.fixture

@@ -1,0 +1,113 @@
+"""Launch shapes: rows per program, column chunk, warps and grid size, chosen from the row length.
+
+Pure Python (no Triton import), so the choices are unit-tested and recorded in each result's info.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# One column chunk holds at most 4096 lanes. At 8 warps that is 16 float32 values per thread per live
+# tile; the backward keeps x, dy, the weight and the dweight partial live at once, and wider chunks
+# start to spill registers. Longer rows loop over chunks (two-pass statistics re-read x, from L2).
+MAX_BLOCK_N = 4096
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How launch shapes are chosen on one kind of machine."""
+
+    max_block_n: int  # widest column chunk (a power of two)
+    tile: int  # target elements per program tile: narrow rows are packed several to a program
+    max_programs: int  # cap on the backward grid = rows of the dweight/dbias partial buffers
+
+    def __post_init__(self) -> None:
+        if self.max_block_n < 1 or self.max_block_n & (self.max_block_n - 1):
+            raise ValueError(f"max_block_n={self.max_block_n} is not allowed; allowed: a power of two")
+        if self.tile < 1 or self.max_programs < 1:
+            raise ValueError(f"tile={self.tile}, max_programs={self.max_programs}: both must be >= 1")
+
+
+def native_policy(multiprocessors: int) -> Policy:
+    """On a GPU: 4096-element tiles (one long row, or up to 4096 // n narrow rows per program) keep
+    each program's loads large enough to cover HBM latency; the backward grid is two programs per
+    multiprocessor, enough to fill the GPU while the float32 partial buffer (programs x n_cols) stays
+    a small fraction of the x/dy/dx traffic."""
+    return Policy(max_block_n=MAX_BLOCK_N, tile=4096, max_programs=2 * max(multiprocessors, 1))
+
+
+# Under the interpreter every tl operation is one NumPy call per program, so the cost is the number of
+# program x operation steps, not elements: tiles of 64 Ki elements pack 4096 rows of 64 into four
+# programs. Eight backward programs keep the partial buffer small and still exercise the strided loop.
+INTERPRETED = Policy(max_block_n=MAX_BLOCK_N, tile=1 << 16, max_programs=8)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """One launch: a [block_m, block_n] tile per step, ``chunks`` column chunks per row."""
+
+    block_m: int  # rows per tile
+    block_n: int  # columns per chunk (a power of two >= the row when chunks == 1)
+    chunks: int  # column chunks per row: 1 keeps the row tile in registers
+    warps: int  # num_warps (ignored by the interpreter)
+    programs: int  # grid size
+
+    @property
+    def one_chunk(self) -> bool:
+        return self.chunks == 1
+
+    def info(self, prefix: str) -> dict[str, int]:
+        return {
+            f"{prefix}_block_m": self.block_m,
+            f"{prefix}_block_n": self.block_n,
+            f"{prefix}_chunks": self.chunks,
+            f"{prefix}_warps": self.warps,
+            f"{prefix}_programs": self.programs,
+        }
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def warps(elements: int) -> int:
+    """256 elements per warp (8 per thread) gives enough independent loads in flight; 8 warps at most,
+    so that two programs fit on one multiprocessor and hide each other's reductions."""
+    return min(max(elements // 256, 1), 8)
+
+
+def prev_pow2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _tile(n_rows: int, n_cols: int, policy: Policy) -> tuple[int, int, int]:
+    block_n = min(next_pow2(n_cols), policy.max_block_n)
+    # Power-of-two rows per program (tl.arange needs it), no more than the rows there are.
+    block_m = min(prev_pow2(policy.tile // block_n), next_pow2(n_rows))
+    return block_m, block_n, cdiv(n_cols, block_n)
+
+
+def forward(n_rows: int, n_cols: int, policy: Policy) -> Blocks:
+    """Forward: one program per tile of rows."""
+    block_m, block_n, chunks = _tile(n_rows, n_cols, policy)
+    return Blocks(block_m, block_n, chunks, warps(block_m * block_n), cdiv(n_rows, block_m))
+
+
+def backward(n_rows: int, n_cols: int, policy: Policy) -> Blocks:
+    """Backward: at most ``max_programs`` programs, each striding over tiles and keeping its own
+    dweight/dbias partial row, so the second reduction adds them in a fixed order (same bits)."""
+    block_m, block_n, chunks = _tile(n_rows, n_cols, policy)
+    programs = min(cdiv(n_rows, block_m), policy.max_programs)
+    return Blocks(block_m, block_n, chunks, warps(block_m * block_n), programs)
+
+
+def column_sum(n_parts: int, n_cols: int) -> Blocks:
+    """The second reduction over the partial buffer: 64 partial rows x 128 columns per step, one
+    program per 128 columns; it reads programs x n_cols floats, so it is never the bottleneck."""
+    block_n = min(next_pow2(n_cols), 128)
+    block_m = min(next_pow2(n_parts), 64)
+    return Blocks(block_m, block_n, cdiv(n_parts, block_m), warps(block_m * block_n), cdiv(n_cols, block_n))

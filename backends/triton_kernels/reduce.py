@@ -1,0 +1,32 @@
+"""The second, deterministic reduction: per-program dweight/dbias partial rows summed in fixed order."""
+
+from __future__ import annotations
+
+from backends.triton_kernels import mode
+
+mode.require_selected()
+
+import triton  # noqa: E402  (after the mode check: the interpreter must be chosen first)
+import triton.language as tl  # noqa: E402
+
+from backends.triton_kernels.common import round_to  # noqa: E402
+
+
+@triton.jit
+def column_sum(
+    PART,  # [n_parts, n_cols] ACC partial sums, one row per backward program
+    OUT,  # [n_cols] output, param dtype
+    n_parts,  # rows of PART (backward programs)
+    n_cols,  # N
+    BLOCK_M: tl.constexpr,  # partial rows per step
+    BLOCK_N: tl.constexpr,  # columns per program
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    col_ok = cols < n_cols
+    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=PART.dtype.element_ty)
+    # Element-wise adds over the steps, then one tree sum: the order depends only on n_parts.
+    for start in range(0, n_parts, BLOCK_M):
+        parts = start + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+        ok = (parts < n_parts)[:, None] & col_ok[None, :]
+        total += tl.load(PART + parts.to(tl.int64)[:, None] * n_cols + cols[None, :], mask=ok, other=0.0)
+    tl.store(OUT + cols, round_to(tl.sum(total, axis=0), OUT.dtype.element_ty), mask=col_ok)
