@@ -78,7 +78,7 @@ def _partial(
 
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor | None,
@@ -105,7 +105,7 @@ class _LayerNorm(torch.autograd.Function):
         return y.view(x.shape)
 
     @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x2, w, mean, rstd = ctx.saved_tensors
         n_rows, n_cols = x2.shape
         want_dw = w is not None and ctx.needs_input_grad[1]
@@ -167,7 +167,7 @@ def _rms_backward(
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor | None,
@@ -184,7 +184,7 @@ class _RMSNorm(torch.autograd.Function):
         return y.view(x.shape)
 
     @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         want_dw = ctx.saved_tensors[1] is not None and ctx.needs_input_grad[1]
         dx, dw = _rms_backward(ctx, dy, None, want_dw)
         return dx.view(ctx.shape), dw, None, None, None, None
@@ -192,7 +192,7 @@ class _RMSNorm(torch.autograd.Function):
 
 class _AddRMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         residual: torch.Tensor,
@@ -217,7 +217,7 @@ class _AddRMSNorm(torch.autograd.Function):
         return y.view(x.shape), h.view(x.shape)
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: Any, dy: torch.Tensor | None, dres: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
         want_dw = ctx.saved_tensors[1] is not None and ctx.needs_input_grad[2]
@@ -237,7 +237,9 @@ def layer_norm(
     pol: blocks.Policy | None = None,
 ) -> torch.Tensor:
     """LayerNorm over the trailing ``normalized_shape`` dims (biased variance, eps inside the root)."""
-    out: torch.Tensor = _LayerNorm.apply(x, weight, bias, tuple(normalized_shape), eps, pol or policy())
+    # Function.apply is untyped in torch's stubs; the annotation states what it returns.
+    apply: Any = _LayerNorm.apply
+    out: torch.Tensor = apply(x, weight, bias, tuple(normalized_shape), eps, pol or policy())
     return out
 
 
@@ -251,9 +253,8 @@ def rms_norm(
     pol: blocks.Policy | None = None,
 ) -> torch.Tensor:
     """RMSNorm with scale ``weight_offset + weight`` (Gemma: 1.0) and eps inside the root."""
-    out: torch.Tensor = _RMSNorm.apply(
-        x, weight, tuple(normalized_shape), eps, weight_offset, pol or policy()
-    )
+    apply: Any = _RMSNorm.apply  # untyped in torch's stubs
+    out: torch.Tensor = apply(x, weight, tuple(normalized_shape), eps, weight_offset, pol or policy())
     return out
 
 
@@ -268,7 +269,6 @@ def add_rms_norm(
     pol: blocks.Policy | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(h), h) with h = x + residual rounded to x's dtype: the fused pre-norm residual step."""
-    y, h = _AddRMSNorm.apply(
-        x, residual, weight, tuple(normalized_shape), eps, weight_offset, pol or policy()
-    )
+    apply: Any = _AddRMSNorm.apply  # untyped in torch's stubs
+    y, h = apply(x, residual, weight, tuple(normalized_shape), eps, weight_offset, pol or policy())
     return y, h
