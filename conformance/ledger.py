@@ -8,13 +8,11 @@ hide regressions or outlive the deviation they describe.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import tomllib
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from conformance import tomlfile
 from conformance.case import DISTS, OPS, Case
 from conformance.dtypes import DTYPES
 
@@ -75,22 +73,16 @@ class Ledger:
 
 
 def default_path() -> Path:
-    return Path(str(resources.files("conformance").joinpath("ledger.toml")))
+    return tomlfile.builtin("ledger.toml")
 
 
 def load(path: str | Path | None = None) -> Ledger:
     file = Path(path) if path is not None else default_path()
-    try:
-        raw = file.read_bytes()
-        data = tomllib.loads(raw.decode())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise LedgerError(f"{file}: cannot read ledger: {exc}") from exc
+    data, sha256 = tomlfile.read(file, "ledger", LedgerError)
     entries = data.get("deviation", [])
     if not isinstance(entries, list):
         raise LedgerError(f"{file}: expected [[deviation]] tables")
-    return Ledger(
-        str(file), hashlib.sha256(raw).hexdigest(), tuple(_entry(file, i, e) for i, e in enumerate(entries))
-    )
+    return Ledger(str(file), sha256, tuple(_entry(file, i, e) for i, e in enumerate(entries)))
 
 
 def _entry(file: Path, index: int, entry: Any) -> Deviation:

@@ -6,15 +6,13 @@ docs/tolerances.md), so one rule serves every input scale; ``rtol`` is relative 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
-import tomllib
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from conformance import tomlfile
 from conformance.case import DISTS, OPS
 from conformance.dtypes import DTYPES
 
@@ -112,23 +110,19 @@ class ToleranceTable:
 
 
 def default_path() -> Path:
-    return Path(str(resources.files("conformance").joinpath("tolerances.toml")))
+    return tomlfile.builtin("tolerances.toml")
 
 
 def load(path: str | Path | None = None) -> ToleranceTable:
     """Read and validate a tolerance file (the built-in one by default)."""
     file = Path(path) if path is not None else default_path()
-    try:
-        raw = file.read_bytes()
-        data = tomllib.loads(raw.decode())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ToleranceError(f"{file}: cannot read tolerance file: {exc}") from exc
+    data, sha256 = tomlfile.read(file, "tolerance file", ToleranceError)
     entries = data.get("rule")
     if not isinstance(entries, list) or not entries:
         raise ToleranceError(f"{file}: expected one or more [[rule]] tables")
     rules = tuple(_rule(file, i, entry) for i, entry in enumerate(entries))
     _check_ties(file, rules)
-    return ToleranceTable(str(file), hashlib.sha256(raw).hexdigest(), rules)
+    return ToleranceTable(str(file), sha256, rules)
 
 
 def _rule(file: Path, index: int, entry: Any) -> Rule:
