@@ -95,7 +95,7 @@ def read(path: str | Path) -> BenchFile:
             auxiliary.append(parsed)
     return BenchFile(
         path=file,
-        machine=data.get("machine_info") if isinstance(data.get("machine_info"), dict) else {},
+        machine=_mapping(data.get("machine_info")),
         datetime=str(data.get("datetime", "")),
         version=str(data.get("version", "")),
         benchmarks=tuple(timed),
@@ -138,6 +138,10 @@ def _entry(where: str, entry: Any) -> Benchmark | Auxiliary:
         gbps=gbps,
         roofline_fraction=_optional(where, "roofline_fraction", extra.get("roofline_fraction")),
     )
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _number(where: str, name: str, value: Any) -> float:

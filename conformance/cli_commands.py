@@ -8,13 +8,15 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance import clitools as cli
 from conformance import diff, render, runner, shard, summary
 from conformance.results import SchemaError, read
 
-Sub = argparse._SubParsersAction  # type: ignore[type-arg]
+if TYPE_CHECKING:
+    Sub = argparse._SubParsersAction[argparse.ArgumentParser]
+
 
 RUN_HELP = """Run the conformance suite (pytest conformance) over the available backends and write
 OUTPUT/results.jsonl, OUTPUT/report.html, OUTPUT/summary.md and pytest's log OUTPUT/pytest.log.
@@ -69,10 +71,10 @@ def run(args: argparse.Namespace) -> int:
     display = runner.Display(sys.stdout, runner.use_bar(sys.stdout))
     log = out / "pytest.log"
     print(f"normconf run: {len(chosen.backends)} backend(s) x {len(chosen.cases)} case(s); log {log}")
-    status = runner.run_pytest(_pytest_args(args, results), out / "pytest.log", display.event)
+    status = runner.run_pytest(_pytest_args(args, results), log, display.event)
     display.finish()
     if status == 4 or not results.exists():
-        return _failed_start(status, out / "pytest.log")
+        return _failed_start(status, log)
     bench = _run_bench(args, out) if args.bench else []
     _summarize(results, bench, out, args.baseline)
     return 0 if status == 0 else 1
@@ -292,7 +294,7 @@ def cases(args: argparse.Namespace) -> int:
     return 0
 
 
-Builder = Callable[[Sub, str], argparse.ArgumentParser]
+Builder = Callable[["Sub", str], argparse.ArgumentParser]
 COMMANDS: dict[str, tuple[Builder, Callable[[argparse.Namespace], int]]] = {
     "run": (build_run, run),
     "report": (build_report, report),

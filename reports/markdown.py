@@ -1,0 +1,67 @@
+"""The Markdown renderer: a short summary for CI job summaries (counts, failures, run comparison).
+
+Text from results files is escaped for Markdown tables and HTML (job summaries render HTML);
+reproduce commands go in fenced blocks longer than any backtick run they contain.
+"""
+
+from __future__ import annotations
+
+import re
+
+from conformance.diff import text as diff_text
+from conformance.render import ReportInput
+from conformance.results import OUTCOMES
+from conformance.runs import Run
+from reports import changes, sections, tables
+
+MAX_FAILURES = 20
+
+
+def escape(value: object) -> str:
+    """Plain text safe in a Markdown table cell: no HTML, no pipes, no line breaks, no emphasis."""
+    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = re.sub(r"([\\`*_\[\]|#])", r"\\\1", text)
+    return " ".join(text.split())
+
+
+def fence(text: str) -> list[str]:
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return [f"{ticks}text", text, ticks]
+
+
+def render(data: ReportInput) -> str:
+    runs = list(data.runs)
+    lines = [f"## {escape(data.title)}", ""]
+    for run in runs:
+        env = sections.environment(run)
+        facts = dict(env.facts)
+        lines.append(
+            f"- **{escape(run.label)}**: {escape(facts['profile'])}, {facts['results']} results, "
+            f"{escape(facts['machine'])}, commit {escape(facts['git commit'][:12])}"
+        )
+    lines += ["", "| backend | " + " | ".join(OUTCOMES) + " |", "|---|" + "---:|" * len(OUTCOMES)]
+    for col, counts in tables.totals(runs):
+        lines.append(f"| {escape(col.key)} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
+    lines += _failures(runs)
+    for change in changes.changes(runs, data.benches, data.thresholds):
+        verdict = "**regression**" if change.diff.regression else "no regression"
+        lines += ["", f"### {escape(change.base)} → {escape(change.new)}: {verdict}", ""]
+        for line in diff_text(change.diff, data.thresholds, MAX_FAILURES):
+            lines += [f"- {escape(line.strip())}"] if line.startswith("  ") else ["", f"**{escape(line)}**", ""]
+    lines += ["", "Full report: `normconf report RESULTS -o report.html` (self-contained HTML)."]
+    return "\n".join(lines) + "\n"
+
+
+def _failures(runs: list[Run]) -> list[str]:
+    found = tables.failures(runs)
+    if not found:
+        return ["", "No failed, errored or stale (xpassed) check."]
+    lines = ["", f"### Failures ({len(found)})", ""]
+    for f in found[:MAX_FAILURES]:
+        lines.append(f"- **{f.outcome}** {escape(f.column.key)} {escape(f.case_id)} \\[{escape(f.check)}\\]: {escape(f.headline)}")
+        if f.reproduce:
+            lines += ["", *("  " + line for line in fence(f.reproduce)), ""]
+    if len(found) > MAX_FAILURES:
+        lines.append(f"- ... and {len(found) - MAX_FAILURES} more in the HTML report")
+    return lines

@@ -1,0 +1,255 @@
+"""Pure table building for the report: columns, the conformance matrix, case rows and failures.
+
+A column is one backend of one run; with a single run (or backend names unique across runs) its
+key is just the backend name. Filter tokens (``data-bo``) pair a column id with an outcome.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.case import OPS
+from conformance.checks import CHECK_NAMES
+from conformance.diff import first_line, ratio
+from conformance.dtypes import DTYPES
+from conformance.runs import Run, worst
+
+COMPARED: frozenset[str] = frozenset({"passed", "failed", "xfailed", "xpassed"})
+PROBLEMS: tuple[str, ...] = ("failed", "error", "xpassed")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One backend of one run. ``id`` is a short token for filter attributes (c1, c2, ...)."""
+
+    id: str
+    key: str
+    backend: str
+    run: str
+
+
+def columns(runs: Sequence[Run]) -> list[Column]:
+    pairs = [(run.label, backend) for run in runs for backend in run.backends]
+    names = Counter(backend for _, backend in pairs)
+    return [
+        Column(f"c{i + 1}", backend if names[backend] == 1 else f"{backend} · {label}", backend, label)
+        for i, (label, backend) in enumerate(pairs)
+    ]
+
+
+def tagged(runs: Sequence[Run], cols: Sequence[Column]) -> Iterator[tuple[Column, Mapping[str, Any]]]:
+    """Every record with its column."""
+    by_pair = {(c.run, c.backend): c for c in cols}
+    for run in runs:
+        for record in run.records:
+            yield by_pair[(run.label, str(record["backend"]))], record
+
+
+def eps_text(value: Any) -> str:
+    try:
+        return repr(float(value))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def worst_ratio(records: Sequence[Mapping[str, Any]]) -> float | None:
+    """The largest worst_ratio over the compared outputs of these records (None if none compared)."""
+    values = [
+        ratio(c.get("worst_ratio"))
+        for r in records
+        if r["outcome"] in COMPARED
+        for c in r.get("comparisons", [])
+    ]
+    values = [v if not math.isnan(v) else math.inf for v in values]
+    return max(values) if values else None
+
+
+def ratio_text(value: float | None) -> str:
+    if value is None:
+        return ""
+    if math.isinf(value):
+        return "inf"
+    return f"{value:.2g}" if value < 100 else f"{value:.3g}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    outcome: str
+    counts: Mapping[str, int]
+    worst_ratio: float | None
+
+    @property
+    def ratio_text(self) -> str:
+        return ratio_text(self.worst_ratio)
+
+    @property
+    def summary(self) -> str:
+        counts = ", ".join(f"{n} {o}" for o, n in sorted(self.counts.items(), key=lambda kv: -kv[1]))
+        return counts + (f"; worst_ratio {self.ratio_text}" if self.worst_ratio is not None else "")
+
+    @property
+    def problems(self) -> int:
+        return sum(self.counts.get(o, 0) for o in PROBLEMS)
+
+
+def cell(records: Sequence[Mapping[str, Any]]) -> Cell:
+    counts = Counter(str(r["outcome"]) for r in records)
+    return Cell(worst(counts), dict(counts), worst_ratio(records))
+
+
+def tokens(col_outcomes: Mapping[str, set[str]]) -> str:
+    return " ".join(f"{col}/{o}" for col, outcomes in sorted(col_outcomes.items()) for o in sorted(outcomes))
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    op: str
+    dtype: str
+    eps: str
+    cells: Mapping[str, Cell]
+    bo: str
+
+
+@dataclass(frozen=True)
+class Matrix:
+    columns: tuple[Column, ...]
+    rows: tuple[MatrixRow, ...]
+
+
+def row_order(op: str, dtype: str, eps: str) -> tuple[int, int, float, str]:
+    o = OPS.index(op) if op in OPS else len(OPS)
+    d = DTYPES.index(dtype) if dtype in DTYPES else len(DTYPES)
+    return o, d, ratio(eps), op + dtype
+
+
+def matrix(runs: Sequence[Run]) -> Matrix:
+    """Backend columns x (op, dtype, eps) rows; each cell the worst outcome and largest worst_ratio."""
+    cols = columns(runs)
+    groups: dict[tuple[str, str, str], dict[str, list[Mapping[str, Any]]]] = {}
+    for col, record in tagged(runs, cols):
+        case = record["case"]
+        row = (str(case.get("op", "?")), str(case.get("dtype", "?")), eps_text(case.get("eps")))
+        groups.setdefault(row, {}).setdefault(col.id, []).append(record)
+    rows = []
+    for (op, dtype, eps), by_col in sorted(groups.items(), key=lambda kv: row_order(*kv[0])):
+        cells = {col: cell(records) for col, records in by_col.items()}
+        bo = tokens({col: set(c.counts) for col, c in cells.items()})
+        rows.append(MatrixRow(op, dtype, eps, cells, bo))
+    return Matrix(tuple(cols), tuple(rows))
+
+
+@dataclass(frozen=True)
+class CaseRow:
+    """One backend x case: each check's outcome and worst_ratio."""
+
+    column: Column
+    case_id: str
+    op: str
+    dtype: str
+    eps: str
+    checks: Mapping[str, Cell] = field(default_factory=dict)
+
+    @property
+    def outcome(self) -> str:
+        return worst(c.outcome for c in self.checks.values())
+
+    @property
+    def bo(self) -> str:
+        return tokens({self.column.id: {c.outcome for c in self.checks.values()}})
+
+
+def case_rows(runs: Sequence[Run]) -> list[CaseRow]:
+    grouped: dict[tuple[str, str], tuple[Column, Mapping[str, Any], dict[str, list[Mapping[str, Any]]]]] = {}
+    for col, record in tagged(runs, columns(runs)):
+        case = record["case"]
+        entry = grouped.setdefault((col.id, str(case.get("id", "?"))), (col, case, {}))
+        entry[2].setdefault(str(record["check"]), []).append(record)
+    rows = [
+        CaseRow(
+            col,
+            str(case.get("id", "?")),
+            str(case.get("op", "?")),
+            str(case.get("dtype", "?")),
+            eps_text(case.get("eps")),
+            {check: cell(records) for check, records in checks.items()},
+        )
+        for col, case, checks in grouped.values()
+    ]
+    return sorted(rows, key=lambda r: (row_order(r.op, r.dtype, r.eps), r.case_id, r.column.id))
+
+
+def check_names(rows: Sequence[CaseRow]) -> list[str]:
+    present = {check for row in rows for check in row.checks}
+    return [c for c in CHECK_NAMES if c in present] + sorted(present - set(CHECK_NAMES))
+
+
+@dataclass(frozen=True)
+class Figure:
+    output: str
+    worst_ratio: str
+    mismatched: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    column: Column
+    case_id: str
+    op: str
+    dtype: str
+    check: str
+    outcome: str
+    headline: str
+    reason: str
+    reproduce: str
+    figures: tuple[Figure, ...]
+
+    @property
+    def bo(self) -> str:
+        return f"{self.column.id}/{self.outcome}"
+
+
+def failures(runs: Sequence[Run]) -> list[Failure]:
+    """Every failed, errored and xpassed record with its full message and reproduce command."""
+    found = []
+    for col, record in tagged(runs, columns(runs)):
+        if record["outcome"] not in PROBLEMS:
+            continue
+        case = record["case"]
+        figures = tuple(
+            Figure(
+                str(c.get("output", "?")),
+                ratio_text(ratio(c.get("worst_ratio"))),
+                f"{c.get('mismatched', '?')} of {c.get('numel', '?')}",
+                str((c.get("tolerance") or {}).get("source", "")),
+            )
+            for c in record.get("comparisons", [])
+        )
+        found.append(
+            Failure(
+                col,
+                str(case.get("id", "?")),
+                str(case.get("op", "?")),
+                str(case.get("dtype", "?")),
+                str(record["check"]),
+                str(record["outcome"]),
+                first_line(str(record.get("reason", ""))),
+                str(record.get("reason", "")),
+                str(record.get("reproduce", "")),
+                figures,
+            )
+        )
+    return sorted(found, key=lambda f: (PROBLEMS.index(f.outcome), f.column.id, f.case_id, f.check))
+
+
+def totals(runs: Sequence[Run]) -> list[tuple[Column, Counter[str]]]:
+    """Outcome counts per column, for the summary line and the Markdown table."""
+    cols = columns(runs)
+    counts: dict[str, Counter[str]] = {c.id: Counter() for c in cols}
+    for col, record in tagged(runs, cols):
+        counts[col.id][str(record["outcome"])] += 1
+    return [(c, counts[c.id]) for c in cols]
