@@ -51,13 +51,22 @@ def build_run(sub: Sub, name: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--tolerances", metavar="FILE", help="tolerance file (default: the built-in matrix)")
     p.add_argument("--ledger", metavar="FILE", help="known-deviations ledger (default: the built-in one)")
+    p.add_argument(
+        "-p",
+        dest="plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="pytest plugin module to load, e.g. one that registers a backend with conformance.register()",
+    )
     p.add_argument("--bench", action="store_true", help="also run the benchmarks (conformance/bench)")
     p.add_argument("--baseline", metavar="BACKEND", help="backend the benchmark speedups are relative to")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    chosen = cli.selection(args, args.backend)
+    # Backend names are checked by the pytest plugin, which also sees conftest and -p registrations.
+    chosen = cli.selection(args)
     cli.parse_shard(args.shard)
     _check_workers(args.workers)
     if args.bench and not runner.BENCH.is_dir():
@@ -70,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     results.unlink(missing_ok=True)
     display = runner.Display(sys.stdout, runner.use_bar(sys.stdout))
     log = out / "pytest.log"
-    print(f"normconf run: {len(chosen.backends)} backend(s) x {len(chosen.cases)} case(s); log {log}")
+    print(f"normconf run: backends {args.backend}, {len(chosen.cases)} cases; pytest log {log}")
     status = runner.run_pytest(_pytest_args(args, results), log, display.event)
     display.finish()
     if status == 4 or not results.exists():
@@ -94,6 +103,7 @@ def _pytest_args(args: argparse.Namespace, results: Path) -> list[str]:
         if getattr(args, option):
             command += [f"--{option}", getattr(args, option)]
     command += ["--call-timeout", str(args.call_timeout)]
+    command += [arg for module in args.plugin for arg in ("-p", module)]
     return command + (["-n", args.workers] if args.workers != "0" else [])
 
 

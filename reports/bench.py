@@ -184,9 +184,7 @@ def charts(rows: Sequence[BenchRow], cols: Sequence[BenchColumn]) -> list[Chart]
     for row in rows:
         groups.setdefault((row.op, row.dtype, row.check), []).append(row)
     color = {c.key: c.color for c in cols}
-    return [
-        _chart(f"{op} {dtype} {check}: GB/s", group, color) for (op, dtype, check), group in groups.items()
-    ]
+    return [_chart(key, group, color) for key, group in groups.items()]
 
 
 def _chart(group: tuple[str, str, str], rows: Sequence[BenchRow], color: Mapping[str, int]) -> Chart:
@@ -212,4 +210,6 @@ def _chart(group: tuple[str, str, str], rows: Sequence[BenchRow], color: Mapping
     ticks = tuple((plot * i * step / top, f"{i * step:g}") for i in range(round(top / step) + 1))
     roof_x = plot * roofline / top if roofline else None
     title = f"{op} {dtype} {check}: GB/s"
-    return Chart(title, op, dtype, left + plot + 60, int(y + 24), left, plot, tuple(labels), tuple(bars), ticks, roof_x)
+    return Chart(
+        title, op, dtype, left + plot + 60, int(y + 24), left, plot, tuple(labels), tuple(bars), ticks, roof_x
+    )

@@ -48,7 +48,9 @@ def render(data: ReportInput) -> str:
         verdict = "**regression**" if change.diff.regression else "no regression"
         lines += ["", f"### {escape(change.base)} → {escape(change.new)}: {verdict}", ""]
         for line in diff_text(change.diff, data.thresholds, MAX_FAILURES):
-            lines += [f"- {escape(line.strip())}"] if line.startswith("  ") else ["", f"**{escape(line)}**", ""]
+            lines += (
+                [f"- {escape(line.strip())}"] if line.startswith("  ") else ["", f"**{escape(line)}**", ""]
+            )
     lines += ["", "Full report: `normconf report RESULTS -o report.html` (self-contained HTML)."]
     return "\n".join(lines) + "\n"
 
@@ -59,7 +61,8 @@ def _failures(runs: list[Run]) -> list[str]:
         return ["", "No failed, errored or stale (xpassed) check."]
     lines = ["", f"### Failures ({len(found)})", ""]
     for f in found[:MAX_FAILURES]:
-        lines.append(f"- **{f.outcome}** {escape(f.column.key)} {escape(f.case_id)} \\[{escape(f.check)}\\]: {escape(f.headline)}")
+        where = f"{escape(f.column.key)} {escape(f.case_id)} \\[{escape(f.check)}\\]"
+        lines.append(f"- **{f.outcome}** {where}: {escape(f.headline)}")
         if f.reproduce:
             lines += ["", *("  " + line for line in fence(f.reproduce)), ""]
     if len(found) > MAX_FAILURES:

@@ -244,10 +244,10 @@ class CoverageCell:
     @property
     def text(self) -> str:
         parts = [
-            f"{self.ran} ran" if self.ran else "",
-            f"{self.unsupported} unsup." if self.unsupported else "",
+            str(self.ran) if self.ran else "",
+            f"{self.unsupported} unsupported" if self.unsupported else "",
         ]
-        return " / ".join(p for p in parts if p) or f"{self.skipped} skipped"
+        return " + ".join(p for p in parts if p) or f"{self.skipped} skipped"
 
 
 @dataclass(frozen=True)
