@@ -1,0 +1,267 @@
+"""onnx-export: the torch-nn modules exported by torch.onnx.export(dynamo=True), run by ONNX Runtime.
+
+Users see what their exported models compute: the exporter picks the graph (RMSNorm decomposes into
+Pow/ReduceMean/Sqrt/... below opset 23 and becomes RMSNormalization at 23). The opset comes from
+NORMCONF_ONNX_OPSET (default 18). One export and one session serve every case of a signature: the
+leading dimensions are dynamic and the module's parameters and buffers are lifted to graph inputs.
+See docs/onnx.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxscript
+import torch
+from onnx import helper
+from torch import nn
+
+from backends import _ort
+from backends import _torch_common as common
+from backends._translate import offset_scale
+from backends.torch_nn import MODULES
+from conformance.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Prepared, Unsupported
+from conformance.case import Case
+from conformance.dtypes import numpy_dtype
+
+OPSET_VARIABLE = "NORMCONF_ONNX_OPSET"
+DEFAULT_OPSET = 18
+# 18 is the dynamo exporter's base opset (lower ones go through a version converter); 23 is the newest
+# torch 2.13's exporter targets, and the first with RMSNormalization.
+OPSETS = range(18, 24)
+# Example sizes for the dynamic dimensions at export: distinct, and never 0 or 1, which torch.export
+# would specialize into constants.
+_EXAMPLE_SIZES = (2, 3, 5, 7, 11, 13)
+
+
+def opset() -> int:
+    """The opset exports target: NORMCONF_ONNX_OPSET, else 18."""
+    raw = os.environ.get(OPSET_VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_OPSET
+    value = int(raw) if raw.isdigit() else None
+    if value is None or value not in OPSETS:
+        raise BackendUnavailable(
+            f"{OPSET_VARIABLE}={raw!r} is not allowed; allowed: an integer {OPSETS.start}..{OPSETS.stop - 1}"
+            f" (default {DEFAULT_OPSET})"
+        )
+    return value
+
+
+class AddRMSNorm(nn.Module):
+    """add_rms_norm as torch-nn composes it: x + residual in the activation dtype, then nn.RMSNorm."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        total = x + residual
+        y: torch.Tensor = self.norm(total)
+        return y, total
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One export's session, its graph outputs, and what its results record."""
+
+    session: object
+    outputs: tuple[str, ...]  # graph output names, in the order of forward's results
+    info: dict[str, str | int | float | bool]
+
+
+# Exports done in this process and the seconds each took (the closing note's count and time).
+EXPORT_SECONDS: list[float] = []
+
+
+def _module(case: Case, dtype: torch.dtype) -> nn.Module:
+    module = MODULES[case.op](case, dtype, torch.device("cpu"))
+    return AddRMSNorm(module) if case.op == "add_rms_norm" else module
+
+
+def _state_names(case: Case) -> dict[str, str]:
+    """Case input name -> the module's state name, for the parameters and buffers the export reads."""
+    prefix = "norm." if case.op == "add_rms_norm" else ""
+    names = {}
+    if case.weight or case.bias:
+        names["weight"] = prefix + "weight"  # torch.nn's one affine switch: a bias-only case has ones
+    if case.bias:
+        names["bias"] = prefix + "bias"
+    if case.op == "batch_norm":
+        names.update(running_mean="running_mean", running_var="running_var")
+    return names
+
+
+def _examples(case: Case, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], tuple[dict[int, Any], ...]]:
+    """Example activations, every dimension the parameters do not fix dynamic, and their dynamic_shapes."""
+    fixed = {1} if case.op == "batch_norm" else set(range(len(case.shape) - case.norm_ndim, len(case.shape)))
+    dims = {i: torch.export.Dim(f"d{i}") for i in range(len(case.shape)) if i not in fixed}
+    sizes = iter(_EXAMPLE_SIZES)
+    shape = [case.shape[i] if i in fixed else next(sizes) for i in range(len(case.shape))]
+    count = 2 if case.op == "add_rms_norm" else 1
+    # Distinct tensors: torch.export merges an input passed twice into one graph input.
+    examples = tuple(torch.randn(shape, dtype=torch.float64).to(dtype) for _ in range(count))
+    return examples, (dims,) * count
+
+
+class Functional(nn.Module):
+    """The module with its parameters and buffers as forward arguments (torch.func.functional_call).
+
+    The export then keeps them as graph inputs: one session serves every case of a signature, and
+    the exporter's optimizer cannot fold them into constants (it folds weight.float() of a constant
+    weight, for one). The ops are the module's own.
+    """
+
+    def __init__(self, module: nn.Module, state: tuple[str, ...], activations: int) -> None:
+        super().__init__()
+        self.module, self.state, self.activations = module, state, activations
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        values = dict(zip(self.state, args[self.activations :], strict=True))
+        result: torch.Tensor | tuple[torch.Tensor, ...] = torch.func.functional_call(
+            self.module, values, args[: self.activations]
+        )
+        return result
+
+
+def _export(case: Case, dtype: torch.dtype, values: dict[str, np.ndarray], target: int) -> onnx.ModelProto:
+    names = _state_names(case)
+    activations, dynamic = _examples(case, common.torch_dtype(case.dtype))
+    state = tuple(common.to_torch(values[name], torch.device("cpu")).to(dtype) for name in names)
+    module = Functional(_module(case, dtype), tuple(names.values()), len(activations))
+    inputs = ["x", "residual"][: len(activations)] + list(names)
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings(record=True):
+            # The exporter warns about training mode and its own internals; the outcome is judged
+            # from the graph it produces, never from its warnings.
+            program = torch.onnx.export(
+                module,
+                (*activations, *state),
+                dynamo=True,
+                opset_version=target,
+                input_names=inputs,
+                # forward(*args) takes one structured argument: its shapes are one tuple.
+                dynamic_shapes=((*dynamic, *(None for _ in state)),),
+                verbose=False,
+            )
+    except torch.onnx.OnnxExporterError as error:
+        if isinstance(_innermost(error), torch._dynamo.exc.UserError):
+            raise  # the adapter called torch.export wrongly: its error, never the case's
+        raise Unsupported(f"torch.onnx.export cannot express the case: {_summary(error)}") from error
+    finally:
+        EXPORT_SECONDS.append(time.perf_counter() - start)
+    assert program is not None, "torch.onnx.export(dynamo=True) returns an ONNXProgram"
+    model: onnx.ModelProto = program.model_proto
+    return model
+
+
+def _innermost(error: BaseException) -> BaseException:
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
+def _summary(error: BaseException) -> str:
+    """The first line of the innermost cause: what the exporter could not do, without its advice."""
+    cause = _innermost(error)
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}"
+
+
+def _check_outputs(case: Case, model: onnx.ModelProto) -> tuple[str, ...]:
+    """The graph outputs, or Unsupported when the export cannot show the case's results."""
+    outputs = tuple(o.name for o in model.graph.output)
+    wanted = {"add_rms_norm": 2, "batch_norm": 3 if case.training else 1}.get(case.op, 1)
+    if len(outputs) == wanted:
+        return outputs
+    modes = [
+        helper.get_attribute_value(a)
+        for node in model.graph.node
+        if node.op_type == "BatchNormalization"
+        for a in node.attribute
+        if a.name == "training_mode"
+    ]
+    raise Unsupported(
+        f"the export of a training-mode torch.nn BatchNorm has graph outputs {list(outputs)}, not y and"
+        f" the updated running statistics: torch.onnx (onnxscript {onnxscript.__version__}) exports it as"
+        f" BatchNormalization with training_mode={modes[0] if modes else 0}, which normalizes with the"
+        " running statistics and updates none"
+    )
+
+
+class OnnxExport:
+    """torch.nn modules exported with torch.onnx.export(dynamo=True) and run by ONNX Runtime; forward only."""
+
+    name = "onnx-export"
+
+    def __init__(self) -> None:
+        self._cache = _ort.Cache()
+
+    def capabilities(self) -> Capabilities:
+        target = opset()
+        return _ort.capabilities(
+            frozenset(FEATURES) - {"backward"},
+            {
+                "opset": f"{target} ({OPSET_VARIABLE}, default {DEFAULT_OPSET}, allowed {OPSETS.start}.."
+                f"{OPSETS.stop - 1})",
+                "exporter": f"torch.onnx.export(dynamo=True), torch {torch.__version__}, onnxscript"
+                f" {onnxscript.__version__}",
+                "training": "BatchNorm in training mode is Unsupported where the export has no running-"
+                "statistics outputs (torch 2.13 exports it in inference form)",
+            },
+        )
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
+        target = opset()
+        values = _values(case, inputs)
+        dtype = common.torch_dtype(str(values["weight"].dtype) if "weight" in values else case.params)
+        # What the export depends on; leading dimensions and parameter values are run-time inputs.
+        key: tuple[object, ...] = (case.op, case.dtype, str(dtype), len(case.shape), case.param_shape)
+        key += (case.norm_ndim, case.weight, case.bias, case.eps, case.training, case.momentum, target)
+        exported, hit = self._cache.get(key, lambda: self._build(case, dtype, values, target))
+        assert isinstance(exported, Exported), "the cache holds Exported entries"
+        # Graph inputs carry the case's names (input_names at export): x, residual, then the state.
+        feeds = {name: inputs[name] for name in ("x", "residual") if name in inputs}
+        feeds |= {name: values[name] for name in _state_names(case)}
+        names = ("y", "residual_out") if case.op == "add_rms_norm" else ("y", "running_mean", "running_var")
+        dtypes = _ort.output_dtypes(exported.session)
+        # Outputs in the order of the module's results (y, residual_out); a training export, were it
+        # ever to keep its running statistics, would be read as (y, running_mean, running_var) and
+        # fail its checks, never pass, if the exporter ordered them otherwise.
+        bound = tuple(
+            _ort.Bound(
+                name, graph, case.shape if name in ("y", "residual_out") else case.param_shape, dtypes[graph]
+            )
+            for name, graph in zip(names, exported.outputs, strict=False)
+        )
+        return _ort.OrtPrepared(exported.session, feeds, bound, {**exported.info, "cached": hit})
+
+    def _build(self, case: Case, dtype: torch.dtype, values: dict[str, np.ndarray], target: int) -> Exported:
+        model = _export(case, dtype, values, target)
+        export_s = EXPORT_SECONDS[-1]
+        outputs = _check_outputs(case, model)
+        ops = "+".join(dict.fromkeys(node.op_type for node in model.graph.node))
+        sess = _ort.session(model, f"the exported graph ({ops}, opset {target}) with x {case.dtype}")
+        info = {**_ort.session_info(sess), "opset": target, "graph": ops, "export_s": round(export_s, 3)}
+        info |= {"torch": torch.__version__, "onnxscript": onnxscript.__version__}
+        return Exported(sess, outputs, info)
+
+
+def _values(case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
+    """Parameter and buffer values as torch-nn loads them: Gemma's 1 + w held exactly (widening the
+    module's dtype when needed), and ones for the weight torch.nn keeps when only a bias is asked."""
+    values = {
+        name: inputs[name] for name in ("weight", "bias", "running_mean", "running_var") if name in inputs
+    }
+    if case.weight_offset:
+        values["weight"] = offset_scale(inputs["weight"], case.weight_offset, case.params)
+    elif "weight" in _state_names(case) and not case.weight:
+        values["weight"] = np.ones(case.param_shape, numpy_dtype(case.params))
+    return values
