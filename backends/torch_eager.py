@@ -6,6 +6,8 @@ RMSNorm upcasts to float32 first. The suite is meant to show what that costs, so
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -24,9 +26,9 @@ class LayerNorm(nn.Module):
     def __init__(
         self,
         normalized_shape: tuple[int, ...],
-        eps: float,
-        weight: torch.Tensor | None,
-        bias: torch.Tensor | None,
+        eps: float = 1e-5,
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.dims = tuple(range(-len(normalized_shape), 0))
@@ -50,7 +52,11 @@ class RMSNorm(nn.Module):
     """The seed's RMSNorm: statistics in float32 (float64 stays float64), scale ``weight_offset + weight``."""
 
     def __init__(
-        self, normalized_shape: tuple[int, ...], eps: float, weight: torch.Tensor | None, weight_offset: float
+        self,
+        normalized_shape: tuple[int, ...],
+        eps: float = 1e-6,
+        weight: torch.Tensor | None = None,
+        weight_offset: float = 0.0,
     ) -> None:
         super().__init__()
         self.dims = tuple(range(-len(normalized_shape), 0))
@@ -82,7 +88,7 @@ class BatchNorm(nn.Module):
     running_var: torch.Tensor
     num_batches_tracked: torch.Tensor
 
-    def __init__(self, eps: float, momentum: float | None, tensors: common.Tensors) -> None:
+    def __init__(self, tensors: common.Tensors, eps: float = 1e-5, momentum: float | None = 0.1) -> None:
         super().__init__()
         assert tensors.running_mean is not None and tensors.running_var is not None, "BN inputs lack stats"
         self.eps = eps
@@ -124,18 +130,24 @@ class BatchNorm(nn.Module):
         return common.RunningStats(self.running_mean, self.running_var, self.num_batches_tracked)
 
 
-def _layer_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
-    module = LayerNorm(case.param_shape, case.eps, tensors.weight, tensors.bias)
+def _eps(case: Case, default_eps: bool) -> dict[str, float]:
+    """``eps=case.eps``, or nothing when the fingerprint asks for the seed module's default eps."""
+    return {} if default_eps else {"eps": case.eps}
+
+
+def _layer_norm(case: Case, tensors: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    module = LayerNorm(case.param_shape, weight=tensors.weight, bias=tensors.bias, **_eps(case, default_eps))
     return _prepared(case, tensors, module, module.weight, module.bias)
 
 
-def _rms_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
-    module = RMSNorm(case.param_shape, case.eps, tensors.weight, case.weight_offset)
+def _rms_norm(case: Case, tensors: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    eps = _eps(case, default_eps)
+    module = RMSNorm(case.param_shape, weight=tensors.weight, weight_offset=case.weight_offset, **eps)
     return _prepared(case, tensors, module, module.weight, None)
 
 
-def _batch_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
-    module = BatchNorm(case.eps, case.momentum, tensors).train(case.training)
+def _batch_norm(case: Case, tensors: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    module = BatchNorm(tensors, momentum=case.momentum, **_eps(case, default_eps)).train(case.training)
     stats = module.stats() if case.training else None
     return _prepared(case, tensors, module, module.weight, module.bias, stats=stats)
 
@@ -157,7 +169,8 @@ def _prepared(
     return common.TorchPrepared(forward, tensors, wrt, stats=stats)
 
 
-_BUILD: dict[str, common.Build] = {
+# Each build takes default_eps: True leaves eps out, so the seed module's own default applies.
+_BUILD: dict[str, Callable[[Case, common.Tensors, bool], common.TorchPrepared]] = {
     "layer_norm": _layer_norm,
     "rms_norm": _rms_norm,
     "batch_norm": _batch_norm,
@@ -179,4 +192,11 @@ class TorchEager:
         )
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
-        return _BUILD[case.op](case, common.load(case, inputs, grad=grad))
+        return _BUILD[case.op](case, common.load(case, inputs, grad=grad), False)
+
+    def prepare_default_eps(self, case: Case, inputs: Inputs) -> Prepared:
+        """The fingerprint's hook: the seed module built without eps (its constructor's default)."""
+        return _BUILD[case.op](case, common.load(case, inputs, grad=False), True)
+
+    def copy_kernel(self, nbytes: int) -> Prepared:
+        return common.copy_kernel(nbytes)

@@ -43,11 +43,18 @@ def _load_affine(weight: torch.Tensor | None, bias: torch.Tensor | None, tensors
             bias.copy_(tensors.bias)
 
 
-def layer_norm_module(case: Case, dtype: torch.dtype, device: torch.device) -> nn.LayerNorm:
+def _eps(case: Case, default_eps: bool) -> dict[str, float]:
+    """``eps=case.eps``, or nothing when the fingerprint asks for the library's default eps."""
+    return {} if default_eps else {"eps": case.eps}
+
+
+def layer_norm_module(
+    case: Case, dtype: torch.dtype, device: torch.device, *, default_eps: bool = False
+) -> nn.LayerNorm:
     """torch.nn.LayerNorm over the case's trailing dims, every argument explicit."""
     return nn.LayerNorm(
         list(case.param_shape),
-        eps=case.eps,
+        **_eps(case, default_eps),
         elementwise_affine=case.weight or bool(case.bias),
         bias=bool(case.bias),
         device=device,
@@ -55,15 +62,21 @@ def layer_norm_module(case: Case, dtype: torch.dtype, device: torch.device) -> n
     )
 
 
-def rms_norm_module(case: Case, dtype: torch.dtype, device: torch.device) -> nn.RMSNorm:
+def rms_norm_module(
+    case: Case, dtype: torch.dtype, device: torch.device, *, default_eps: bool = False
+) -> nn.RMSNorm:
     """torch.nn.RMSNorm over the case's trailing dims, every argument explicit."""
     return nn.RMSNorm(
-        list(case.param_shape), eps=case.eps, elementwise_affine=case.weight, device=device, dtype=dtype
+        list(case.param_shape),
+        **_eps(case, default_eps),
+        elementwise_affine=case.weight,
+        device=device,
+        dtype=dtype,
     )
 
 
 def batch_norm_module(
-    case: Case, dtype: torch.dtype, device: torch.device
+    case: Case, dtype: torch.dtype, device: torch.device, *, default_eps: bool = False
 ) -> nn.modules.batchnorm._BatchNorm:
     """torch.nn.BatchNorm1d/2d/3d by input rank, in the case's mode, every argument explicit."""
     cls = _BATCH_NORMS.get(len(case.shape))
@@ -71,7 +84,7 @@ def batch_norm_module(
         raise Unsupported(f"torch.nn has BatchNorm1d/2d/3d for 2-D to 5-D input; shape={case.shape}")
     module = cls(
         case.shape[1],
-        eps=case.eps,
+        **_eps(case, default_eps),
         momentum=case.momentum,
         affine=case.weight or bool(case.bias),
         track_running_stats=True,
@@ -91,18 +104,18 @@ MODULES: dict[str, Callable[[Case, torch.dtype, torch.device], nn.Module]] = {
 }
 
 
-def _nn_layer_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
-    module = layer_norm_module(case, _dtype(case, tensors), tensors.x.device)
+def _nn_layer_norm(case: Case, tensors: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    module = layer_norm_module(case, _dtype(case, tensors), tensors.x.device, default_eps=default_eps)
     return _prepared(case, tensors, module, module.weight, module.bias)
 
 
-def _nn_rms_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
-    module = rms_norm_module(case, _dtype(case, tensors), tensors.x.device)
+def _nn_rms_norm(case: Case, tensors: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    module = rms_norm_module(case, _dtype(case, tensors), tensors.x.device, default_eps=default_eps)
     return _prepared(case, tensors, module, module.weight, None)
 
 
-def _nn_batch_norm(case: Case, tensors: common.Tensors) -> common.TorchPrepared:
-    module = batch_norm_module(case, _dtype(case, tensors), tensors.x.device)
+def _nn_batch_norm(case: Case, tensors: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    module = batch_norm_module(case, _dtype(case, tensors), tensors.x.device, default_eps=default_eps)
     stats = _load_stats(module, tensors)
     return _prepared(case, tensors, module, module.weight, module.bias, stats if case.training else None)
 
@@ -134,7 +147,15 @@ def _prepared(
     return common.library_prepared(case, tensors, forward, weight, bias, stats=stats)
 
 
-_NN: dict[str, common.Build] = {
+# Each build takes default_eps: True leaves eps out, so torch's own default applies (fingerprint hook).
+EpsBuild = Callable[[Case, common.Tensors, bool], common.TorchPrepared]
+
+
+def _build(build: EpsBuild, default_eps: bool = False) -> common.Build:
+    return lambda case, tensors: build(case, tensors, default_eps)
+
+
+_NN: dict[str, EpsBuild] = {
     "layer_norm": _nn_layer_norm,
     "rms_norm": _nn_rms_norm,
     "batch_norm": _nn_batch_norm,
@@ -152,27 +173,37 @@ class TorchNN:
         return common.capabilities(frozenset(FEATURES), common.LIBRARY_NOTES)
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
-        return common.prepare_library(_NN[case.op], case, inputs, grad=grad)
+        return common.prepare_library(_build(_NN[case.op]), case, inputs, grad=grad)
+
+    def prepare_default_eps(self, case: Case, inputs: Inputs) -> Prepared:
+        """The fingerprint's hook: the module built without eps (torch.nn's own default)."""
+        return common.prepare_library(_build(_NN[case.op], True), case, inputs, grad=False)
+
+    def copy_kernel(self, nbytes: int) -> Prepared:
+        return common.copy_kernel(nbytes)
 
 
-def _functional_layer_norm(case: Case, t: common.Tensors) -> common.TorchPrepared:
+def _functional_layer_norm(case: Case, t: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    eps = _eps(case, default_eps)
 
     def forward() -> torch.Tensor:
-        return F.layer_norm(t.x, list(case.param_shape), weight=t.weight, bias=t.bias, eps=case.eps)
+        return F.layer_norm(t.x, list(case.param_shape), weight=t.weight, bias=t.bias, **eps)
 
     return common.library_prepared(case, t, forward, t.weight, t.bias)
 
 
-def _functional_rms_norm(case: Case, t: common.Tensors) -> common.TorchPrepared:
+def _functional_rms_norm(case: Case, t: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    eps = _eps(case, default_eps)
 
     def forward() -> torch.Tensor:
-        return F.rms_norm(t.input(), list(case.param_shape), weight=t.weight, eps=case.eps)
+        return F.rms_norm(t.input(), list(case.param_shape), weight=t.weight, **eps)
 
     return common.library_prepared(case, t, forward, t.weight, None)
 
 
-def _functional_batch_norm(case: Case, t: common.Tensors) -> common.TorchPrepared:
+def _functional_batch_norm(case: Case, t: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
     running_mean, running_var = t.running_mean, t.running_var
+    eps = _eps(case, default_eps)
     assert running_mean is not None and running_var is not None, "BN inputs lack stats"
     count = torch.zeros((), dtype=torch.long, device=t.x.device)  # torch.nn's num_batches_tracked
 
@@ -187,14 +218,14 @@ def _functional_batch_norm(case: Case, t: common.Tensors) -> common.TorchPrepare
             bias=t.bias,
             training=case.training,
             momentum=factor,
-            eps=case.eps,
+            **eps,
         )
 
     stats = common.RunningStats(running_mean, running_var, count) if case.training else None
     return common.library_prepared(case, t, forward, t.weight, t.bias, stats=stats)
 
 
-_FUNCTIONAL: dict[str, common.Build] = {
+_FUNCTIONAL: dict[str, EpsBuild] = {
     "layer_norm": _functional_layer_norm,
     "rms_norm": _functional_rms_norm,
     "batch_norm": _functional_batch_norm,
@@ -211,4 +242,11 @@ class TorchFunctional:
         return common.capabilities(frozenset(FEATURES), common.LIBRARY_NOTES)
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
-        return common.prepare_library(_FUNCTIONAL[case.op], case, inputs, grad=grad)
+        return common.prepare_library(_build(_FUNCTIONAL[case.op]), case, inputs, grad=grad)
+
+    def prepare_default_eps(self, case: Case, inputs: Inputs) -> Prepared:
+        """The fingerprint's hook: the function called without eps (its own default)."""
+        return common.prepare_library(_build(_FUNCTIONAL[case.op], True), case, inputs, grad=False)
+
+    def copy_kernel(self, nbytes: int) -> Prepared:
+        return common.copy_kernel(nbytes)

@@ -1,0 +1,221 @@
+"""Semantic fingerprints: which convention a backend implements, inferred from crafted probes.
+
+Each question (conformance.fingerprint.questions) runs one probe case through the backend, exactly
+as a check does (conformance.execute.run_backend: deadline, output validation), and measures the
+outputs' distance to each hypothesis's NumPy emulation. The answer is the hypothesis that is within
+rounding noise and clearly closer than every other; otherwise "unmatched" or "ambiguous".
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from conformance.backend import Backend, Capabilities, Inputs, Prepared, Unsupported
+from conformance.case import Case
+from conformance.checks import output_shape, produced
+from conformance.compare import jsonable
+from conformance.execute import AdapterError, run_backend
+from conformance.fingerprint.emulate import emulate
+from conformance.fingerprint.questions import QUESTIONS, Probe, Question
+
+__all__ = ["QUESTIONS", "SEPARATION", "Fingerprint", "ask", "classify", "judge"]
+
+# The runner-up must be this many times the noise bound (or the best error) away to be told apart.
+SEPARATION = 4.0
+
+
+@dataclass(frozen=True)
+class Judgement:
+    answer: str
+    matched: bool
+    evidence: dict[str, float]
+    estimate: float | None = None
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """One backend's answer to one question, with the evidence (error under each hypothesis)."""
+
+    backend: str
+    question: str
+    outcome: str  # answered | unsupported | skipped | error
+    answer: str = ""
+    matched: bool = False
+    reference: str = ""
+    evidence: Mapping[str, float] = field(default_factory=dict)
+    metric: str = ""
+    noise: float = 0.0
+    probe: Mapping[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    estimate: float | None = None
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "kind": "fingerprint",
+            "backend": self.backend,
+            "question": self.question,
+            "outcome": self.outcome,
+            "answer": self.answer,
+            "matched": self.matched,
+            "reference": self.reference,
+            "evidence": {name: jsonable(error) for name, error in self.evidence.items()},
+            "metric": self.metric,
+            "noise": self.noise,
+            "probe": self.probe.get("id", ""),
+            "probe_case": dict(self.probe),
+            "reason": self.reason,
+            "duration_s": round(self.duration_s, 6),
+        }
+        if self.estimate is not None:
+            record["estimate"] = jsonable(self.estimate)
+        return record
+
+
+def classify(evidence: Mapping[str, float], noise: float) -> tuple[str, bool]:
+    """(answer, matched): the best hypothesis if within ``noise`` and clearly below the runner-up."""
+    ranked = sorted(evidence.items(), key=lambda item: (math.isnan(item[1]), item[1]))
+    best_name, best = ranked[0]
+    if not best <= noise:
+        return "unmatched", False
+    bound = SEPARATION * max(best, noise)
+    close = [name for name, error in ranked[1:] if not error > bound]
+    if close:
+        return "ambiguous: " + " / ".join([best_name, *close]), False
+    return best_name, True
+
+
+def rel_error(actual: np.ndarray, predicted: np.ndarray) -> float:
+    """max |actual - predicted| / rms(predicted); NaN or Inf where the prediction is finite is inf."""
+    a = np.asarray(actual).astype(np.float64)
+    p = np.asarray(predicted, dtype=np.float64)
+    same = (np.isnan(a) & np.isnan(p)) | (np.isinf(p) & (a == p))
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(same, 0.0, np.abs(a - p))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    finite = p[np.isfinite(p)]
+    scale = float(np.sqrt(np.mean(np.square(finite)))) if finite.size else 0.0
+    return float(diff.max()) / (scale or 1.0) if diff.size else 0.0
+
+
+def mismatch(actual: np.ndarray, predicted: np.ndarray, mask: np.ndarray) -> float:
+    """Fraction of masked elements whose value differs from the prediction (NaN equals NaN)."""
+    a = np.asarray(actual).astype(np.float64)
+    p = np.asarray(predicted, dtype=np.float64)
+    differ = ~((a == p) | (np.isnan(a) & np.isnan(p)))
+    return float(differ[mask].mean())
+
+
+def infer_eps(case: Case, inputs: Mapping[str, np.ndarray], y: np.ndarray) -> float:
+    """The eps that explains y = (x - mean) / sqrt(var + eps): median over elements of (d / y)^2 - var."""
+    x = np.asarray(inputs["x"], dtype=np.float64)
+    if case.op == "batch_norm":
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        d = x - np.asarray(inputs["running_mean"], dtype=np.float64).reshape(shape)
+        var = np.asarray(inputs["running_var"], dtype=np.float64).reshape(shape)
+    else:
+        axes = tuple(range(x.ndim - case.norm_ndim, x.ndim))
+        d = x - x.mean(axis=axes, keepdims=True) if case.op == "layer_norm" else x
+        var = np.square(d).mean(axis=axes, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        estimates = np.square(d / np.asarray(y).astype(np.float64)) - var
+    valid = np.isfinite(estimates) & (d != 0)
+    return float(np.median(estimates[valid])) if valid.any() else math.nan
+
+
+def judge(question: Question, probe: Probe, outputs: Mapping[str, np.ndarray]) -> Judgement:
+    """Evidence (error under each hypothesis) and the answer it supports."""
+    noise = question.noise(probe.case)
+    if question.default_eps:
+        estimate = infer_eps(probe.case, probe.inputs, outputs["y"])
+        evidence = {name: abs(estimate / value - 1.0) for name, value in question.candidates.items()}
+        answer, matched = classify(evidence, noise)
+        return Judgement(answer, matched, evidence, estimate)
+    evidence = {}
+    for name, family in question.hypotheses.items():
+        errors = []
+        for conv in (replace(c, **changes) for c in family for changes in question.nuisance):
+            predicted = emulate(probe.case, probe.inputs, conv, grad=probe.grad)
+            errors.append(
+                max(_error(question, probe, out, outputs[out], predicted[out]) for out in probe.outputs)
+            )
+        evidence[name] = min(errors)
+    answer, matched = classify(evidence, noise)
+    return Judgement(answer, matched, evidence)
+
+
+def _error(question: Question, probe: Probe, output: str, actual: np.ndarray, predicted: np.ndarray) -> float:
+    if question.metric == "mismatch":
+        return mismatch(actual, predicted, probe.mask[output])
+    return rel_error(actual, predicted)
+
+
+class _DefaultEps:
+    """A view of a backend whose prepare() is its optional prepare_default_eps() hook."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = backend.name
+
+    def capabilities(self) -> Capabilities:
+        return self.backend.capabilities()
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
+        prepared: Prepared = self.backend.prepare_default_eps(case, inputs)  # type: ignore[attr-defined]
+        return prepared
+
+
+def ask(backend: Backend, caps: Capabilities, question: Question, timeout: float) -> Fingerprint:
+    """Run ``question``'s probe through ``backend`` and judge the outputs; never raises for the adapter."""
+    start = time.perf_counter()
+    probe = question.probe()
+
+    def record(outcome: str, reason: str = "", **fields: Any) -> Fingerprint:
+        return Fingerprint(
+            backend.name,
+            question.name,
+            outcome,
+            reference=question.reference,
+            probe=probe.case.to_dict(),
+            reason=reason,
+            duration_s=time.perf_counter() - start,
+            **fields,
+        )
+
+    why = caps.why_not(probe.case, grad=probe.grad)
+    if why is None and question.default_eps and not hasattr(backend, "prepare_default_eps"):
+        why = "no prepare_default_eps() hook: the adapter reports no library default eps"
+    if why is not None:
+        return record("unsupported", why)
+    target = _DefaultEps(backend) if question.default_eps else backend
+    shapes = {name: output_shape(probe.case, name) for name in produced(probe.case, probe.grad)}
+    try:
+        run = run_backend(
+            target,
+            probe.case,
+            probe.inputs,
+            grad=probe.grad,
+            calls=1,
+            expected_shapes=shapes,
+            timeout=timeout,
+        )
+    except Unsupported as exc:
+        return record("unsupported", f"prepare() raised Unsupported: {exc}")
+    except AdapterError as exc:
+        return record("error", f"{backend.name} probe {probe.case.id}: {exc}")
+    verdict = judge(question, probe, run.outputs[0])
+    return record(
+        "answered",
+        answer=verdict.answer,
+        matched=verdict.matched,
+        evidence=verdict.evidence,
+        metric="eps" if question.default_eps else question.metric,
+        noise=question.noise(probe.case),
+        estimate=verdict.estimate,
+    )

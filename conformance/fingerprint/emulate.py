@@ -1,0 +1,237 @@
+"""NumPy emulations of normalization conventions, one rounding after every operation.
+
+A ``Convention`` is the reference semantics with some choices changed; ``emulate`` computes a case's
+outputs under it, so each fingerprint hypothesis predicts what a backend following that convention
+returns, to the bit where the order of its reductions does not matter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from conformance.case import Case
+from conformance.dtypes import round_to
+
+Array = np.ndarray
+Round = Callable[[Array], Array]
+
+
+@dataclass(frozen=True)
+class Convention:
+    """One value per choice; the defaults are normconf's reference semantics (PyTorch's)."""
+
+    eps: str = "inside"  # sqrt(var + eps) | "std": sqrt(var) + eps | "dropped"
+    variance: str = "biased"  # divisor n | "unbiased": n - 1
+    passes: str = "two"  # mean, then centred squares | "one": E[x^2] - E[x]^2
+    stats: str = "float32"  # float32 (float64 stays float64) | "activation": the input dtype
+    reduce: str = "wide"  # one rounding per reduction | "narrow": accumulate in the working dtype
+    variance_of: str = "x"  # two-pass variance about the exact mean | "centred": of the rounded x - mean
+    normalize: str = "divide"  # d / s | "reciprocal": d * (1 / s) | "reciprocal_wide": 1 / s in float32
+    axes: str = "trailing"  # LN/RMS: the trailing norm_ndim dims | "last": the last dim only
+    bias: str = "applied"  # | "ignored"
+    dx: str = "full"  # | "no_mean_terms": statistics treated as constants
+    weight_cast: str = "before"  # weight times the wide xhat | "after": xhat rounded to the dtype first
+    offset: str = "applied"  # RMSNorm scale offset + w | "ignored": w
+    momentum: str = "torch"  # (1 - m) r + m b | "onnx": m r + (1 - m) b
+    running_var: str = "unbiased"  # running update with the unbiased batch variance | "biased"
+    momentum_none: str = "cumulative"  # momentum=None: factor 1 on the first batch | "zero" | "default"
+
+
+REFERENCE = Convention()
+_NONE_FACTOR = {"cumulative": 1.0, "zero": 0.0, "default": 0.1}
+
+
+def rounder(dtype: str) -> Round:
+    """Round float64 values to ``dtype`` and hand them back as float64 (one IEEE rounding)."""
+
+    def r(values: Array) -> Array:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return round_to(values, dtype).astype(np.float64)
+
+    return r
+
+
+@dataclass(frozen=True)
+class _Work:
+    """Arithmetic in one precision: every result rounded once, reductions wide or narrow."""
+
+    r: Round
+    narrow: bool
+
+    def mean(self, v: Array, axes: tuple[int, ...], divisor: float | None = None) -> Array:
+        count = float(np.prod([v.shape[a] for a in axes]))
+        if not self.narrow:
+            return self.r(v.sum(axis=axes, keepdims=True) / (divisor or count))
+        # Sequential accumulation, each partial sum rounded, as a naive kernel in the dtype does.
+        moved = np.moveaxis(v, axes, tuple(range(-len(axes), 0)))
+        flat = moved.reshape(*moved.shape[: moved.ndim - len(axes)], -1)
+        acc = np.zeros(flat.shape[:-1])
+        for i in range(flat.shape[-1]):
+            acc = self.r(acc + flat[..., i])
+        total = np.expand_dims(acc, tuple(range(acc.ndim, acc.ndim + len(axes))))
+        total = np.moveaxis(total, tuple(range(-len(axes), 0)), axes)
+        return self.r(total / (divisor or count))
+
+
+def _stats_dtype(case: Case, conv: Convention) -> str:
+    if conv.stats == "activation" or case.dtype == "float64":
+        return case.dtype
+    return "float32"
+
+
+def _axes(case: Case, conv: Convention, ndim: int) -> tuple[int, ...]:
+    if case.op == "batch_norm":
+        return (0, *range(2, ndim))
+    count = 1 if conv.axes == "last" else case.norm_ndim
+    return tuple(range(ndim - count, ndim))
+
+
+def _param(case: Case, inputs: Mapping[str, Array], name: str, ndim: int) -> Array | None:
+    if name not in inputs:
+        return None
+    values = np.asarray(inputs[name], dtype=np.float64)
+    if case.op == "batch_norm":
+        return values.reshape((1, -1) + (1,) * (ndim - 2))
+    return values
+
+
+def _variance(x: Array, mean: Array, axes: tuple[int, ...], w: _Work, conv: Convention) -> Array:
+    count = float(np.prod([x.shape[a] for a in axes]))
+    divisor = max(count - 1.0, 1.0) if conv.variance == "unbiased" else count
+    if conv.passes == "one":
+        squares = w.mean(w.r(x * x), axes, divisor)
+        return w.r(squares - w.r(mean * mean * (count / divisor)))
+    if conv.variance_of == "x":
+        # One rounding of the variance of x about its exact mean (torch's var() in any dtype).
+        exact = x.mean(axis=axes, keepdims=True)
+        return w.r(np.square(x - exact).sum(axis=axes, keepdims=True) / divisor)
+    centred = w.r(x - mean)
+    return w.mean(w.r(centred * centred), axes, divisor)
+
+
+def _inverse(var: Array, eps: float, w: _Work, conv: Convention) -> Array:
+    """The normalizing denominator s, with eps where the convention puts it."""
+    e = w.r(np.asarray(eps))
+    if conv.eps == "std":
+        return w.r(w.r(np.sqrt(np.maximum(var, 0.0))) + e)
+    if conv.eps == "dropped":
+        return w.r(np.sqrt(np.maximum(var, 0.0)))
+    return w.r(np.sqrt(w.r(var + e)))
+
+
+def _normalized(d: Array, s: Array, w: _Work, conv: Convention) -> tuple[Array, Array, Round]:
+    """(xhat, rstd, rounding of the elementwise tail) for the convention's normalization."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if conv.normalize == "divide":
+            return w.r(d / s), 1.0 / s, w.r
+        if conv.normalize == "reciprocal":
+            rstd = w.r(1.0 / s)
+            return w.r(d * rstd), rstd, w.r
+        wide = rounder("float32")
+        rstd = wide(1.0 / s)
+        return wide(d * rstd), rstd, wide
+
+
+def _statistics(
+    case: Case, inputs: Mapping[str, Array], x: Array, axes: tuple[int, ...], w: _Work, conv: Convention
+) -> tuple[Array, Array]:
+    """(mean, var) the op normalizes with: batch statistics, running ones, or (RMS) 0 and mean(x^2)."""
+    ndim = x.ndim
+    if case.op == "batch_norm" and not case.training:
+        mean, var = _param(case, inputs, "running_mean", ndim), _param(case, inputs, "running_var", ndim)
+        assert mean is not None and var is not None, "BN inputs carry running statistics"
+        return w.r(mean), w.r(var)
+    if case.op in ("rms_norm", "add_rms_norm"):
+        return np.zeros(1), w.mean(w.r(x * x), axes)
+    mean = w.mean(x, axes)
+    return mean, _variance(x, mean, axes, w, conv)
+
+
+def _affine(
+    case: Case, inputs: Mapping[str, Array], xhat: Array, tail: Round, conv: Convention
+) -> tuple[Array, Array | None]:
+    """(y before the final rounding, effective scale) with the convention's weight and bias handling."""
+    weight = _param(case, inputs, "weight", xhat.ndim)
+    scale = None
+    if weight is not None:
+        offset = case.weight_offset if conv.offset == "applied" else 0.0
+        # Gemma forms 1 + w in float32 (float64 parameters stay float64).
+        wide = "float64" if case.params == "float64" else "float32"
+        scale = rounder(wide)(weight + offset) if offset else weight
+    y = xhat
+    if scale is not None:
+        if conv.weight_cast == "after":
+            y = rounder(case.dtype)(rounder(case.dtype)(xhat) * scale)
+        else:
+            y = tail(xhat * scale)
+    bias = _param(case, inputs, "bias", xhat.ndim)
+    if bias is not None and conv.bias == "applied":
+        y = tail(y + bias)
+    return y, scale
+
+
+def _running(
+    case: Case, inputs: Mapping[str, Array], mean: Array, var: Array, count: int, conv: Convention
+) -> dict[str, Array]:
+    m = _NONE_FACTOR[conv.momentum_none] if case.momentum is None else case.momentum
+    keep, take = (m, 1.0 - m) if conv.momentum == "onnx" else (1.0 - m, m)
+    batch_var = var.reshape(-1)
+    if conv.running_var == "unbiased":
+        batch_var = batch_var * (count / (count - 1))
+    r32, rp = rounder("float32"), rounder(case.params)
+    rm = np.asarray(inputs["running_mean"], dtype=np.float64)
+    rv = np.asarray(inputs["running_var"], dtype=np.float64)
+    return {
+        "running_mean": rp(r32(keep * rm + take * mean.reshape(-1))),
+        "running_var": rp(r32(keep * rv + take * batch_var)),
+    }
+
+
+def _dx(
+    case: Case,
+    dy: Array,
+    scale: Array | None,
+    xhat: Array,
+    rstd: Array,
+    axes: tuple[int, ...],
+    conv: Convention,
+) -> Array:
+    g: Array = dy if scale is None else dy * scale
+    if (case.op == "batch_norm" and not case.training) or conv.dx == "no_mean_terms":
+        # Eval BN treats its statistics as constants; the broken convention does so everywhere.
+        dx: Array = g * rstd
+        return dx
+    mean_gx = (g * xhat).mean(axis=axes, keepdims=True)
+    if case.op in ("rms_norm", "add_rms_norm"):
+        dx = rstd * (g - xhat * mean_gx)
+    else:
+        dx = rstd * (g - g.mean(axis=axes, keepdims=True) - xhat * mean_gx)
+    return dx
+
+
+def emulate(
+    case: Case, inputs: Mapping[str, Array], conv: Convention = REFERENCE, *, grad: bool = False
+) -> dict[str, Array]:
+    """Outputs of ``case`` under ``conv`` (float64 arrays holding values of each output's dtype).
+
+    ``y@wide`` is y before its final rounding, for probes that keep away from rounding boundaries.
+    """
+    stats = _stats_dtype(case, conv)
+    w = _Work(rounder(stats), narrow=conv.reduce == "narrow" and stats == case.dtype)
+    x = w.r(np.asarray(inputs["x"], dtype=np.float64))
+    axes = _axes(case, conv, x.ndim)
+    mean, var = _statistics(case, inputs, x, axes, w, conv)
+    s = _inverse(var, case.eps, w, conv)
+    d = x if case.op in ("rms_norm", "add_rms_norm") else w.r(x - mean)
+    xhat, rstd, tail = _normalized(d, s, w, conv)
+    y, scale = _affine(case, inputs, xhat, tail, conv)
+    out = {"y": rounder(case.dtype)(y), "y@wide": y}
+    if case.op == "batch_norm" and case.training:
+        out.update(_running(case, inputs, mean, var, x.size // case.shape[1], conv))
+    if grad:
+        dy = np.asarray(inputs["dy"], dtype=np.float64)
+        out["dx"] = rounder(case.dtype)(_dx(case, dy, scale, xhat, rstd, axes, conv))
+    return out
