@@ -8,6 +8,19 @@ mode.require_selected()
 
 import triton  # noqa: E402  (after the mode check: the interpreter must be chosen first)
 import triton.language as tl  # noqa: E402
+from triton.language.standard import _sum_combine  # noqa: E402
+
+
+@triton.jit
+def add_up(x, AXIS: tl.constexpr):
+    """``tl.sum(x, AXIS)`` for float tiles, written as the reduction it is.
+
+    Interpreted kernels can only call functions decorated while TRITON_INTERPRET=1 was set, and
+    ``tl.sum`` was decorated when Triton was first imported, which another library in the process
+    (torch.export imports Triton) may have done before normconf could set it. ``tl.reduce`` is a
+    builtin the interpreter replaces, and with Triton's own sum combiner it runs as ``np.sum``.
+    """
+    return tl.reduce(x, AXIS, _sum_combine)
 
 
 @triton.jit

@@ -13,7 +13,7 @@ mode.require_selected()
 import triton  # noqa: E402  (after the mode check: the interpreter must be chosen first)
 import triton.language as tl  # noqa: E402
 
-from backends.triton_kernels.common import load_param, load_tile, round_to, rsqrt  # noqa: E402
+from backends.triton_kernels.common import add_up, load_param, load_tile, round_to, rsqrt  # noqa: E402
 
 
 @triton.jit
@@ -52,26 +52,26 @@ def layer_norm_fwd(
         col_ok = lanes < n_cols
         ok = row_ok[:, None] & col_ok[None, :]
         x = load_tile(X, base + lanes[None, :], ok, ACC)
-        mean = tl.sum(x, axis=1) / n_cols  # masked lanes read 0: they add nothing
+        mean = add_up(x, 1) / n_cols  # masked lanes read 0: they add nothing
         xc = tl.where(ok, x - mean[:, None], 0.0)  # but x - mean is not 0 there: keep them out
-        var = tl.sum(xc * xc, axis=1) / n_cols
+        var = add_up(xc * xc, 1) / n_cols
         rstd = rsqrt(var + eps, ACC)
         y = _affine(xc * rstd[:, None], W, B, lanes, col_ok, HAS_W, HAS_B, ACC)
         tl.store(Y + base + lanes[None, :], round_to(y, Y.dtype.element_ty), mask=ok)
     else:
-        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+        total = tl.full([BLOCK_M, BLOCK_N], 0.0, ACC)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + lanes
             ok = row_ok[:, None] & (cols < n_cols)[None, :]
             total += load_tile(X, base + cols[None, :], ok, ACC)
-        mean = tl.sum(total, axis=1) / n_cols
-        squares = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+        mean = add_up(total, 1) / n_cols
+        squares = tl.full([BLOCK_M, BLOCK_N], 0.0, ACC)
         for start in range(0, n_cols, BLOCK_N):  # second pass over x: two-pass variance
             cols = start + lanes
             ok = row_ok[:, None] & (cols < n_cols)[None, :]
             xc = tl.where(ok, load_tile(X, base + cols[None, :], ok, ACC) - mean[:, None], 0.0)
             squares += xc * xc
-        var = tl.sum(squares, axis=1) / n_cols
+        var = add_up(squares, 1) / n_cols
         rstd = rsqrt(var + eps, ACC)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + lanes
@@ -122,11 +122,11 @@ def layer_norm_bwd(
     programs = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     part = pid.to(tl.int64) * n_cols  # this program's row of the partial buffers
-    dw = tl.zeros([BLOCK_N], dtype=ACC)
-    db = tl.zeros([BLOCK_N], dtype=ACC)
+    dw = tl.full([BLOCK_N], 0.0, ACC)
+    db = tl.full([BLOCK_N], 0.0, ACC)
     # Program p takes tiles p, p + programs, ...: a fixed assignment, so the partial sums (and the
     # second reduction over them) add in the same order on every run.
-    for tile in range(pid, tl.cdiv(n_rows, BLOCK_M), programs):
+    for tile in range(pid, (n_rows + BLOCK_M - 1) // BLOCK_M, programs):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
         row_ok = rows < n_rows
         base = rows.to(tl.int64)[:, None] * n_cols  # [BLOCK_M, 1]
@@ -134,25 +134,25 @@ def layer_norm_bwd(
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
         if ONE_CHUNK:
             ok, xhat, dy, g = _chunk(X, W, DY, base, lanes, n_cols, row_ok, mean, rstd, HAS_W, ACC)
-            c1 = tl.sum(xhat * g, axis=1) / n_cols
-            c2 = tl.sum(g, axis=1) / n_cols
+            c1 = add_up(xhat * g, 1) / n_cols
+            c2 = add_up(g, 1) / n_cols
             dx = (g - c2[:, None] - xhat * c1[:, None]) * rstd[:, None]
             tl.store(DX + base + lanes[None, :], round_to(dx, DX.dtype.element_ty), mask=ok)
             if WANT_DW:
-                dw += tl.sum(dy * xhat, axis=0)
+                dw += add_up(dy * xhat, 0)
             if WANT_DB:
-                db += tl.sum(dy, axis=0)
+                db += add_up(dy, 0)
         else:
-            s1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
-            s2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+            s1 = tl.full([BLOCK_M, BLOCK_N], 0.0, ACC)
+            s2 = tl.full([BLOCK_M, BLOCK_N], 0.0, ACC)
             for start in range(0, n_cols, BLOCK_N):
                 ok, xhat, dy, g = _chunk(
                     X, W, DY, base, start + lanes, n_cols, row_ok, mean, rstd, HAS_W, ACC
                 )
                 s1 += xhat * g
                 s2 += g
-            c1 = tl.sum(s1, axis=1) / n_cols
-            c2 = tl.sum(s2, axis=1) / n_cols
+            c1 = add_up(s1, 1) / n_cols
+            c2 = add_up(s2, 1) / n_cols
             for start in range(0, n_cols, BLOCK_N):
                 cols = start + lanes
                 ok, xhat, dy, g = _chunk(X, W, DY, base, cols, n_cols, row_ok, mean, rstd, HAS_W, ACC)
@@ -161,10 +161,10 @@ def layer_norm_bwd(
                 col_ok = cols < n_cols
                 if WANT_DW:
                     acc = tl.load(DW_PART + part + cols, mask=col_ok, other=0.0)
-                    tl.store(DW_PART + part + cols, acc + tl.sum(dy * xhat, axis=0), mask=col_ok)
+                    tl.store(DW_PART + part + cols, acc + add_up(dy * xhat, 0), mask=col_ok)
                 if WANT_DB:
                     acc = tl.load(DB_PART + part + cols, mask=col_ok, other=0.0)
-                    tl.store(DB_PART + part + cols, acc + tl.sum(dy, axis=0), mask=col_ok)
+                    tl.store(DB_PART + part + cols, acc + add_up(dy, 0), mask=col_ok)
             # The next tile re-reads this program's partial row, possibly from other threads.
             tl.debug_barrier()
     if ONE_CHUNK:

@@ -1,7 +1,9 @@
 """How the Triton kernels run here: natively on a GPU, or under the Triton interpreter on the CPU.
 
 ``select()`` decides once per process and, on a machine without a CUDA device, sets
-``TRITON_INTERPRET=1`` before Triton is imported (Triton reads it when a kernel is decorated).
+``TRITON_INTERPRET=1`` before this package imports Triton (Triton reads it when a kernel is
+decorated). If another library imported Triton first, the kernels still run interpreted: they call
+only Triton builtins, never its @jit library functions (see ``common.add_up``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ mode.require_selected()
 import triton  # noqa: E402  (after the mode check: the interpreter must be chosen first)
 import triton.language as tl  # noqa: E402
 
-from backends.triton_kernels.common import round_to  # noqa: E402
+from backends.triton_kernels.common import add_up, round_to  # noqa: E402
 
 
 @triton.jit
@@ -23,10 +23,10 @@ def column_sum(
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     col_ok = cols < n_cols
-    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=PART.dtype.element_ty)
+    total = tl.full([BLOCK_M, BLOCK_N], 0.0, PART.dtype.element_ty)
     # Element-wise adds over the steps, then one tree sum: the order depends only on n_parts.
     for start in range(0, n_parts, BLOCK_M):
         parts = start + tl.arange(0, BLOCK_M)  # [BLOCK_M]
         ok = (parts < n_parts)[:, None] & col_ok[None, :]
         total += tl.load(PART + parts.to(tl.int64)[:, None] * n_cols + cols[None, :], mask=ok, other=0.0)
-    tl.store(OUT + cols, round_to(tl.sum(total, axis=0), OUT.dtype.element_ty), mask=col_ok)
+    tl.store(OUT + cols, round_to(add_up(total, 0), OUT.dtype.element_ty), mask=col_ok)

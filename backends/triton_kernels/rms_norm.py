@@ -13,7 +13,7 @@ mode.require_selected()
 import triton  # noqa: E402  (after the mode check: the interpreter must be chosen first)
 import triton.language as tl  # noqa: E402
 
-from backends.triton_kernels.common import load_param, load_tile, round_to, rsqrt  # noqa: E402
+from backends.triton_kernels.common import add_up, load_param, load_tile, round_to, rsqrt  # noqa: E402
 
 
 @triton.jit
@@ -61,19 +61,19 @@ def rms_norm_fwd(
         col_ok = lanes < n_cols
         ok = row_ok[:, None] & col_ok[None, :]
         x = _input(X, RES, RES_OUT, base + lanes[None, :], ok, HAS_RES, ACC)
-        rstd = rsqrt(tl.sum(x * x, axis=1) / n_cols + eps, ACC)  # masked lanes are 0
+        rstd = rsqrt(add_up(x * x, 1) / n_cols + eps, ACC)  # masked lanes are 0
         y = x * rstd[:, None]
         if HAS_W:
             y = y * _scale(W, SCALARS, lanes, col_ok, ACC)
         tl.store(Y + base + lanes[None, :], round_to(y, Y.dtype.element_ty), mask=ok)
     else:
-        squares = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+        squares = tl.full([BLOCK_M, BLOCK_N], 0.0, ACC)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + lanes
             ok = row_ok[:, None] & (cols < n_cols)[None, :]
             x = _input(X, RES, RES_OUT, base + cols[None, :], ok, HAS_RES, ACC)
             squares += x * x
-        rstd = rsqrt(tl.sum(squares, axis=1) / n_cols + eps, ACC)
+        rstd = rsqrt(add_up(squares, 1) / n_cols + eps, ACC)
         if HAS_RES:
             # The second pass reads h back from residual_out, written by other threads of this program.
             tl.debug_barrier()
@@ -130,30 +130,30 @@ def rms_norm_bwd(
     programs = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     part = pid.to(tl.int64) * n_cols  # this program's row of the partial buffer
-    dw = tl.zeros([BLOCK_N], dtype=ACC)
+    dw = tl.full([BLOCK_N], 0.0, ACC)
     # Program p takes tiles p, p + programs, ...: a fixed assignment, so dweight adds in one order.
-    for tile in range(pid, tl.cdiv(n_rows, BLOCK_M), programs):
+    for tile in range(pid, (n_rows + BLOCK_M - 1) // BLOCK_M, programs):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
         row_ok = rows < n_rows
         base = rows.to(tl.int64)[:, None] * n_cols  # [BLOCK_M, 1]
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
         if ONE_CHUNK:
             ok, xhat, dy, g = _chunk(H, W, SCALARS, DY, base, lanes, n_cols, row_ok, rstd, HAS_W, ACC)
-            c1 = tl.sum(xhat * g, axis=1) / n_cols
+            c1 = add_up(xhat * g, 1) / n_cols
             dx = (g - xhat * c1[:, None]) * rstd[:, None]
             if HAS_DRES:
                 dx += load_tile(DRES, base + lanes[None, :], ok, ACC)
             tl.store(DX + base + lanes[None, :], round_to(dx, DX.dtype.element_ty), mask=ok)
             if WANT_DW:
-                dw += tl.sum(dy * xhat, axis=0)
+                dw += add_up(dy * xhat, 0)
         else:
-            s1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC)
+            s1 = tl.full([BLOCK_M, BLOCK_N], 0.0, ACC)
             for start in range(0, n_cols, BLOCK_N):
                 ok, xhat, dy, g = _chunk(
                     H, W, SCALARS, DY, base, start + lanes, n_cols, row_ok, rstd, HAS_W, ACC
                 )
                 s1 += xhat * g
-            c1 = tl.sum(s1, axis=1) / n_cols
+            c1 = add_up(s1, 1) / n_cols
             for start in range(0, n_cols, BLOCK_N):
                 cols = start + lanes
                 ok, xhat, dy, g = _chunk(H, W, SCALARS, DY, base, cols, n_cols, row_ok, rstd, HAS_W, ACC)
@@ -164,7 +164,7 @@ def rms_norm_bwd(
                 if WANT_DW:
                     col_ok = cols < n_cols
                     acc = tl.load(DW_PART + part + cols, mask=col_ok, other=0.0)
-                    tl.store(DW_PART + part + cols, acc + tl.sum(dy * xhat, axis=0), mask=col_ok)
+                    tl.store(DW_PART + part + cols, acc + add_up(dy * xhat, 0), mask=col_ok)
             # The next tile re-reads this program's partial row, possibly from other threads.
             tl.debug_barrier()
     if ONE_CHUNK and WANT_DW:

@@ -1,0 +1,165 @@
+"""The triton adapter and its run mode: capabilities, outputs, recorded info, and what happens when
+Triton cannot run or was imported by someone else first."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+torch = pytest.importorskip("torch")
+
+from conftest import ROOT  # noqa: E402
+
+from backends import triton_backend  # noqa: E402
+from backends.triton_kernels import mode  # noqa: E402
+from conformance import BackendUnavailable, Case, listing, registry  # noqa: E402
+from conformance.checks import produced  # noqa: E402
+from conformance.inputs import make_inputs  # noqa: E402
+
+RUN = mode.select()
+BACKEND = triton_backend.TritonBackend()
+
+
+def test_capabilities_declare_ops_dtypes_features_and_the_mode():
+    caps = BACKEND.capabilities()
+    assert caps.ops == {"layer_norm", "rms_norm", "add_rms_norm"}
+    assert caps.dtypes == {"float64", "float32", "float16", "bfloat16"}
+    assert {"backward", "weight_offset", "param_dtype", "multi_axis"} <= caps.features
+    assert caps.notes["mode"].startswith(RUN.name)
+    assert caps.device == RUN.device
+    assert caps.why_not(Case("batch_norm", (4, 3), "float32", 1e-5)) is not None
+
+
+@pytest.mark.skipif(RUN.device != "cpu", reason="a GPU is present: the kernels run natively")
+def test_without_a_gpu_the_interpreter_is_switched_on():
+    assert RUN.interpreted and os.environ["TRITON_INTERPRET"] == "1"
+    assert "Triton interpreter" in BACKEND.capabilities().device_name
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("layer_norm", (3, 4, 10), "bfloat16", 1e-5, norm_ndim=2),
+        Case("rms_norm", (5, 33), "float16", 1e-6, param_dtype="float32", weight_offset=1.0),
+        Case("add_rms_norm", (4, 24), "bfloat16", 1e-6),
+        Case("layer_norm", (4, 24), "float64", 1e-5, weight=False, bias=False),
+    ],
+    ids=lambda c: c.id,
+)
+def test_outputs_have_the_contract_keys_shapes_and_dtypes(case):
+    inputs = make_inputs(case, grad=True)
+    pristine = {k: v.copy() for k, v in inputs.items()}
+    prepared = BACKEND.prepare(case, inputs, grad=True)
+    prepared()
+    prepared.synchronize()
+    first = prepared.outputs()
+    assert set(first) == set(produced(case, True))
+    for name, value in first.items():
+        activation = name in ("y", "dx", "residual_out")
+        assert value.shape == (case.shape if activation else case.param_shape)
+        expected = case.dtype if activation else case.params
+        assert value.dtype == (ml_dtypes.bfloat16 if expected == "bfloat16" else np.dtype(expected))
+    prepared()
+    second = prepared.outputs()
+    for name in first:
+        assert first[name].tobytes() == second[name].tobytes(), name
+    for name, value in inputs.items():
+        assert value.tobytes() == pristine[name].tobytes(), name
+
+
+def test_info_records_the_mode_and_the_launch_shapes():
+    case = Case("rms_norm", (2, 8200), "float32", 1e-6)
+    prepared = BACKEND.prepare(case, make_inputs(case, grad=True), grad=True)
+    info = prepared.info()
+    assert info["mode"] == RUN.name and info["triton"]
+    assert info["forward_chunks"] == 3 and info["backward_chunks"] == 3
+
+
+def test_forward_only_preparation_returns_forward_outputs():
+    case = Case("add_rms_norm", (4, 24), "float32", 1e-6)
+    inputs = {k: v for k, v in make_inputs(case, grad=True).items() if k != "dy"}
+    prepared = BACKEND.prepare(case, inputs, grad=False)
+    prepared()
+    assert set(prepared.outputs()) == {"y", "residual_out"}
+
+
+def test_no_way_to_run_is_backend_unavailable_with_the_reason(monkeypatch):
+    def unavailable():
+        raise mode.ModeUnavailable("triton is not installed (pip install 'normconf[triton]')")
+
+    monkeypatch.setattr(mode, "select", unavailable)
+    with pytest.raises(BackendUnavailable, match="triton is not installed"):
+        BACKEND.capabilities()
+    entry = registry.Entry("triton", "test", triton_backend.TritonBackend)
+    assert "available: no (triton is not installed" in "\n".join(listing.describe(entry))
+
+
+def test_select_reports_a_missing_triton(monkeypatch):
+    monkeypatch.setattr(mode.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(mode.ModeUnavailable, match="not installed"):
+        mode.select.__wrapped__()
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_kernels_refuse_to_import_before_the_mode_is_chosen():
+    done = _python("import backends.triton_kernels.functions")
+    assert done.returncode != 0
+    assert "call select() before importing the kernels" in done.stderr
+
+
+@pytest.mark.skipif(RUN.device != "cpu", reason="the interpreter is only chosen without a GPU")
+def test_interpreted_kernels_run_even_when_triton_was_imported_first():
+    # Another backend can import Triton before normconf sets TRITON_INTERPRET (torch.export does,
+    # for one); the kernels must still run interpreted.
+    done = _python(
+        "import torch, triton\n"
+        "from backends.triton_kernels import mode\n"
+        "assert mode.select().interpreted\n"
+        "from backends.triton_kernels import functions as F\n"
+        "x = torch.randn(5, 40, requires_grad=True)\n"
+        "y = F.rms_norm(x, (40,), None, eps=1e-6)\n"
+        "torch.autograd.grad(y, [x], torch.ones_like(y))\n"
+        "print('ok')\n"
+    )
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_kernels_call_only_triton_builtins():
+    # Triton's own @jit library functions (tl.sum, tl.zeros, tl.cdiv) cannot be called from an
+    # interpreted kernel when Triton was imported before TRITON_INTERPRET was set (see above).
+    import triton.language as tl
+
+    folder = Path(mode.__file__).parent
+    for name in ("common", "layer_norm", "rms_norm", "reduce"):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                chain, target = [], node.func
+                while isinstance(target, ast.Attribute):
+                    chain.append(target.attr)
+                    target = target.value
+                if isinstance(target, ast.Name) and target.id == "tl":
+                    obj = tl
+                    for attr in reversed(chain):
+                        obj = getattr(obj, attr)
+                    assert tl.core.is_builtin(obj), f"{name}.py calls tl.{'.'.join(reversed(chain))}"

@@ -1,0 +1,75 @@
+"""Launch-shape selection for the Triton kernels (pure Python: runs without Triton installed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.triton_kernels import blocks
+
+NATIVE = blocks.native_policy(132)
+
+
+@pytest.mark.parametrize(
+    ("n_cols", "block_n", "chunks"),
+    [
+        (1, 1, 1),
+        (3, 4, 1),
+        (127, 128, 1),
+        (1000, 1024, 1),
+        (4096, 4096, 1),
+        (4097, 4096, 2),
+        (12288, 4096, 3),
+    ],
+)
+def test_chunk_is_the_next_power_of_two_up_to_the_cap(n_cols, block_n, chunks):
+    b = blocks.forward(16, n_cols, NATIVE)
+    assert (b.block_n, b.chunks, b.one_chunk) == (block_n, chunks, chunks == 1)
+    assert b.block_n * b.chunks >= n_cols
+
+
+def test_narrow_rows_are_packed_into_one_tile_per_program():
+    b = blocks.forward(4096, 64, NATIVE)
+    assert b.block_m * b.block_n == NATIVE.tile
+    assert b.programs == 4096 // b.block_m
+    interpreted = blocks.forward(4096, 64, blocks.INTERPRETED)
+    assert interpreted.programs == 4  # 64 Ki-element tiles: the interpreter pays per program step
+
+
+def test_rows_per_program_never_exceed_the_rows_there_are():
+    b = blocks.forward(3, 7, blocks.INTERPRETED)
+    assert b.block_m == 4 and b.programs == 1
+
+
+@pytest.mark.parametrize(("elements", "warps"), [(1, 1), (256, 1), (512, 2), (2048, 8), (1 << 16, 8)])
+def test_warps_grow_with_the_tile_and_stop_at_eight(elements, warps):
+    assert blocks.warps(elements) == warps
+
+
+def test_backward_grid_is_capped_so_the_partial_buffer_stays_small():
+    b = blocks.backward(4096, 4096, NATIVE)
+    assert b.programs == 2 * 132
+    assert blocks.backward(3, 4096, NATIVE).programs == 3
+
+
+def test_column_sum_covers_every_partial_row_and_column():
+    b = blocks.column_sum(264, 1000)
+    assert b.block_m * b.chunks >= 264 and b.block_n * b.programs >= 1000
+
+
+def test_info_names_every_choice():
+    assert blocks.forward(8, 7, NATIVE).info("forward") == {
+        "forward_block_m": 8,
+        "forward_block_n": 8,
+        "forward_chunks": 1,
+        "forward_warps": 1,
+        "forward_programs": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_block_n": 48}, {"max_block_n": 0}, {"tile": 0}, {"max_programs": 0}]
+)
+def test_policy_rejects_impossible_values(kwargs):
+    values = {"max_block_n": 64, "tile": 256, "max_programs": 2, **kwargs}
+    with pytest.raises(ValueError, match="="):
+        blocks.Policy(**values)
