@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from conformance.benchjson import BenchFile, Benchmark
+from conformance.benchjson import CHECKS, BenchFile, Benchmark
 from conformance.case import OPS
 from conformance.dtypes import DTYPES
 from conformance.runs import Run, worst
@@ -150,7 +150,15 @@ def bench_table(files: Sequence[BenchFile], runs: Sequence[Run], wanted: str | N
         op, dtype = fields.get(case_id) or _guess(case_id)
         size = next((b.bytes for b in by_col.values() if b.bytes is not None), None)
         rows.append(BenchRow(case_id, check, op, dtype, size, cells))
-    rows.sort(key=lambda r: (_rank(r.op, OPS), _rank(r.dtype, DTYPES), r.check, r.bytes or 0, r.case_id))
+    rows.sort(
+        key=lambda r: (
+            _rank(r.op, OPS),
+            _rank(r.dtype, DTYPES),
+            _rank(r.check, CHECKS),
+            r.bytes or 0,
+            r.case_id,
+        )
+    )
     aux = tuple(
         (
             f"{f.path.stem}: {a.name}",
