@@ -25,7 +25,7 @@ def _affine(y, W, B, cols, col_ok, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC
     return y
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # it only bounds loops and masks: no variants
 def layer_norm_fwd(
     X,  # [n_rows, n_cols] activations, row-major
     W,  # [n_cols] weight, param dtype (read only if HAS_W)
@@ -98,7 +98,7 @@ def _chunk(X, W, DY, base, cols, n_cols, row_ok, mean, rstd, HAS_W: tl.constexpr
     return ok, xhat, dy, g
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # it only bounds loops and masks: no variants
 def layer_norm_bwd(
     X,  # [n_rows, n_cols] activations, row-major
     W,  # [n_cols] weight, param dtype (read only if HAS_W)

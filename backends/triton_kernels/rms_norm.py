@@ -34,7 +34,7 @@ def _scale(W, SCALARS, cols, col_ok, ACC: tl.constexpr):
     return tl.load(SCALARS + 1) + load_param(W, cols, col_ok, ACC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # it only bounds loops and masks: no variants
 def rms_norm_fwd(
     X,  # [n_rows, n_cols] activations, row-major
     RES,  # [n_rows, n_cols] residual, activation dtype (read only if HAS_RES)
@@ -106,7 +106,7 @@ def _chunk(H, W, SCALARS, DY, base, cols, n_cols, row_ok, rstd, HAS_W: tl.conste
     return ok, xhat, dy, g
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])  # it only bounds loops and masks: no variants
 def rms_norm_bwd(
     H,  # [n_rows, n_cols] the normalized input: x, or residual_out for add_rms_norm
     W,  # [n_cols] weight, param dtype (read only if HAS_W)

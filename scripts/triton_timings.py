@@ -1,0 +1,159 @@
+"""Forward and forward+backward timings of the triton backend and a baseline, with GB/s.
+
+Usage: python scripts/triton_timings.py --out DIR [--shapes 4096x4096,4096x8192] [--dtypes bfloat16,float16]
+           [--backends triton,torch-functional] [--reps 20]
+
+Same cases and ``prepare()`` as the conformance run; only ``call(); synchronize()`` is timed. On a GPU
+each repetition is timed with CUDA events after a 256 MiB write that evicts x, dy and the outputs from
+L2, so the figures are HBM figures. Byte model (activations only): forward LN/RMS read x and write y,
+add_rms_norm moves 4 tensors; the backward call runs forward and backward, adding read x, dy and
+write dx. ``roofline`` is GB/s over a device-to-device copy measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from conformance import Case, registry
+from conformance.dtypes import numpy_dtype
+from conformance.inputs import make_inputs
+
+OPS = ("layer_norm", "rms_norm", "add_rms_norm")
+
+
+def activation_bytes(case: Case, grad: bool) -> int:
+    per_tensor = case.rows * case.shape[-1] * numpy_dtype(case.dtype).itemsize
+    forward = 4 if case.op == "add_rms_norm" else 2
+    return per_tensor * (forward + (3 if grad else 0))
+
+
+class Clock:
+    """Times one callable per repetition: CUDA events with an L2-evicting write before each, or
+    perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.scrub = (
+            torch.empty(64 << 20, dtype=torch.float32, device=device) if device.type == "cuda" else None
+        )
+
+    def time_ms(self, fn: Callable[[], None], reps: int) -> list[float]:
+        times = []
+        for _ in range(reps):
+            if self.scrub is not None:
+                self.scrub.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                begin = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - begin) * 1e3)
+        return times
+
+
+def copy_gbps(clock: Clock) -> float:
+    """Device copy bandwidth (bytes read + written per second) of a 1 GiB buffer."""
+    n = (1 << 30) // 4 if clock.device.type == "cuda" else (64 << 20) // 4
+    src = torch.ones(n, dtype=torch.float32, device=clock.device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(clock.time_ms(lambda: dst.copy_(src), 10))
+    return 2 * n * 4 / best / 1e6
+
+
+def measure(
+    name: str, case: Case, inputs: dict[str, Any], grad: bool, clock: Clock, reps: int
+) -> dict[str, Any]:
+    backend = registry.entries()[name].load()
+    given = inputs if grad else {k: v for k, v in inputs.items() if k != "dy"}
+    prepared = backend.prepare(case, given, grad=grad)
+
+    def call() -> None:
+        prepared()
+        prepared.synchronize()
+
+    for _ in range(3):  # compile and warm up, untimed
+        call()
+    times = clock.time_ms(call, reps)
+    median = statistics.median(times)
+    size = activation_bytes(case, grad)
+    info = getattr(prepared, "info", dict)()
+    return {
+        "backend": name,
+        "case_id": case.id,
+        "check": "backward" if grad else "forward",
+        "bytes": size,
+        "median_ms": median,
+        "min_ms": min(times),
+        "gbps": size / median / 1e6,
+        "info": dict(info),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shapes", default="4096x4096,4096x8192")
+    parser.add_argument("--dtypes", default="bfloat16,float16")
+    parser.add_argument("--backends", default="triton,torch-functional")
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args()
+    names = args.backends.split(",")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    clock = Clock(device)
+    roofline = copy_gbps(clock)
+    records = []
+    for shape in (tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")):
+        for dtype in args.dtypes.split(","):
+            for op in OPS:
+                case = Case(op, shape, dtype, 1e-6 if op != "layer_norm" else 1e-5)
+                inputs = make_inputs(case, grad=True)
+                for grad in (False, True):
+                    for name in names:
+                        record = measure(name, case, inputs, grad, clock, args.reps)
+                        record["roofline"] = record["gbps"] / roofline
+                        records.append(record)
+                        print(_line(record), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    summary = {"device": device_name, "copy_gbps": roofline, "torch": torch.__version__, "records": records}
+    (args.out / "timings.json").write_text(json.dumps(summary, indent=1))
+    (args.out / "timings.md").write_text(_markdown(summary))
+
+
+def _line(r: dict[str, Any]) -> str:
+    return (
+        f"{r['backend']:18} {r['check']:8} {r['case_id']:45} {r['median_ms']:8.3f} ms "
+        f"{r['gbps']:7.1f} GB/s {r['roofline']:5.1%}"
+    )
+
+
+def _markdown(summary: dict[str, Any]) -> str:
+    lines = [
+        f"device: {summary['device']}; copy {summary['copy_gbps']:.0f} GB/s (read + write)",
+        "",
+        "| backend | check | case | median ms | GB/s | of copy |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for r in summary["records"]:
+        lines.append(
+            f"| {r['backend']} | {r['check']} | {r['case_id']} | {r['median_ms']:.3f} | {r['gbps']:.1f} | "
+            f"{r['roofline']:.1%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
