@@ -60,6 +60,7 @@ def build_run(sub: Sub, name: str) -> argparse.ArgumentParser:
         help="pytest plugin module to load, e.g. one that registers a backend with conformance.register()",
     )
     p.add_argument("--bench", action="store_true", help="also run the benchmarks (conformance/bench)")
+    p.add_argument("--bench-profile", metavar="P", help="benchmark cases (the benchmarks' --bench-profile)")
     p.add_argument("--baseline", metavar="BACKEND", help="backend the benchmark speedups are relative to")
     return p
 
@@ -84,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     display.finish()
     if status == 4 or not results.exists():
         return _failed_start(status, log)
-    bench = _run_bench(args, out) if args.bench else []
+    bench, bench_status = _run_bench(args, out) if args.bench else ([], 0)
     _summarize(results, bench, out, args.baseline)
-    return 0 if status == 0 else 1
+    return 0 if status == 0 and bench_status == 0 else 1
 
 
 def _check_workers(workers: str) -> None:
@@ -118,21 +119,32 @@ def _failed_start(status: int, log: Path) -> int:
     return 2 if status in (4, 5) else 1
 
 
-def _run_bench(args: argparse.Namespace, out: Path) -> list[str]:
+def _run_bench(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
+    """Run conformance/bench with the same backends and case selection; (JSON files, pytest status)."""
     target = out / "bench.json"
-    command = [str(runner.BENCH), "--benchmark-only", f"--benchmark-json={target}", "--backend", args.backend]
-    command += ["--profile", args.profile] if not args.cases else ["--cases", args.cases]
+    target.unlink(missing_ok=True)
+    command = [
+        str(runner.BENCH),
+        "--benchmark-only",
+        f"--benchmark-json={target}",
+        "--backend",
+        args.backend,
+        "-q",
+    ]
+    for option in ("op", "dtype", "cases", "bench_profile"):
+        if getattr(args, option):
+            command += [f"--{option.replace('_', '-')}", getattr(args, option)]
+    command += [arg for module in args.plugin for arg in ("-p", module)]
     display = runner.Display(sys.stdout, runner.use_bar(sys.stdout))
-    print("normconf run: benchmarks")
+    print(f"normconf run: benchmarks; pytest log {out / 'bench.log'}")
     status = runner.run_pytest(command, out / "bench.log", display.event)
     display.finish()
-    if not target.exists():
+    if status != 0:
         print(
-            f"normconf run: the benchmarks wrote no JSON (status {status}); see {out / 'bench.log'}",
+            f"normconf run: the benchmarks exited with status {status}; see {out / 'bench.log'}",
             file=sys.stderr,
         )
-        return []
-    return [str(target)]
+    return ([str(target)] if target.exists() else []), status
 
 
 def _summarize(results: Path, bench: list[str], out: Path, baseline: str | None) -> None:

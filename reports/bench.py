@@ -61,7 +61,6 @@ class Bar:
 class Chart:
     title: str
     op: str
-    dtype: str
     width: int
     height: int
     left: int
@@ -187,22 +186,30 @@ def nice_step(top: float) -> float:
 
 
 def charts(rows: Sequence[BenchRow], cols: Sequence[BenchColumn]) -> list[Chart]:
-    """One horizontal bar chart of GB/s per (op, dtype, check), a bar per backend per case."""
-    groups: dict[tuple[str, str, str], list[BenchRow]] = {}
+    """One horizontal bar chart of GB/s per (op, check): a group of bars (one per backend) per case."""
+    groups: dict[tuple[str, str], list[BenchRow]] = {}
     for row in rows:
-        groups.setdefault((row.op, row.dtype, row.check), []).append(row)
+        groups.setdefault((row.op, row.check), []).append(row)
     color = {c.key: c.color for c in cols}
-    return [_chart(key, group, color) for key, group in groups.items()]
+    return [_chart(op, check, group, color) for (op, check), group in groups.items()]
 
 
-def _chart(group: tuple[str, str, str], rows: Sequence[BenchRow], color: Mapping[str, int]) -> Chart:
-    op, dtype, check = group
-    bar_h, gap, left, plot = 9, 8, 230, 420
-    values = [c.gbps for r in rows for c in r.cells.values() if c.gbps is not None]
+def _roofline(rows: Sequence[BenchRow]) -> float | None:
+    """The copy bandwidth behind the roofline fractions, drawn only when every file agrees on it."""
     roofs = [
         c.gbps / c.roofline_fraction for r in rows for c in r.cells.values() if c.gbps and c.roofline_fraction
     ]
-    roofline = statistics.median(roofs) if roofs else None
+    if not roofs or max(roofs) > 1.2 * min(roofs):
+        return None
+    return statistics.median(roofs)
+
+
+def _chart(op: str, check: str, rows: Sequence[BenchRow], color: Mapping[str, int]) -> Chart:
+    bar_h, gap, plot = 9, 8, 420
+    # About 6 px per character at the chart's 10 px font.
+    left = min(12 + 6 * max((len(r.case_id) for r in rows), default=10), 380)
+    values = [c.gbps for r in rows for c in r.cells.values() if c.gbps is not None]
+    roofline = _roofline(rows)
     top = max([*values, roofline or 0.0, 1e-9])
     step = nice_step(top)
     top = step * math.ceil(top / step)
@@ -217,7 +224,7 @@ def _chart(group: tuple[str, str, str], rows: Sequence[BenchRow], color: Mapping
         y += gap if shown else bar_h + gap
     ticks = tuple((plot * i * step / top, f"{i * step:g}") for i in range(round(top / step) + 1))
     roof_x = plot * roofline / top if roofline else None
-    title = f"{op} {dtype} {check}: GB/s"
+    title = f"{op} {check}: GB/s"
     return Chart(
-        title, op, dtype, left + plot + 60, int(y + 24), left, plot, tuple(labels), tuple(bars), ticks, roof_x
+        title, op, left + plot + 40, int(y + 24), left, plot, tuple(labels), tuple(bars), ticks, roof_x
     )

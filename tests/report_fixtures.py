@@ -9,6 +9,7 @@ from typing import Any
 from conformance.results import SCHEMA_VERSION
 
 EVIL = "layer_norm-<script>window.__pwned = 1</script>-x"
+BENCH_SMALL = Path(__file__).parent / "data" / "bench_small.json"
 OUTPUTS = {
     "forward": ("y", "residual_out"),
     "backward": ("dx", "dweight", "dbias"),

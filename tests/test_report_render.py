@@ -6,12 +6,10 @@ import re
 import time
 
 import pytest
-from report_fixtures import EVIL, ci_sized_records, standard_records, write
+from report_fixtures import BENCH_SMALL, EVIL, ci_sized_records, standard_records, write
 
 from conformance import benchjson, render, runs
 from reports import html, markdown
-
-from test_report_bench import SMALL
 
 
 @pytest.fixture
@@ -51,10 +49,12 @@ def test_benchmarks_and_comparison_sections_appear_when_given(tmp_path):
     changed = [dict(r) for r in records]
     changed[0] = {**changed[0], "outcome": "failed", "reason": "x [forward]\nnow broken"}
     new = write(tmp_path / "new.jsonl", changed)
-    data = render.ReportInput(tuple(runs.load([base, new])), (benchjson.read(SMALL),), baseline="torch-eager")
+    data = render.ReportInput(
+        tuple(runs.load([base, new])), (benchjson.read(BENCH_SMALL),), baseline="torch-eager"
+    )
     text = html.render(data)
     assert '<section id="benchmarks">' in text and '<section id="comparison">' in text
-    assert "<svg viewBox=" in text and "layer_norm float32 forward: GB/s" in text
+    assert "<svg viewBox=" in text and "layer_norm forward: GB/s" in text
     assert "base → new" in text and "regression" in text and "now broken" in text
 
 
