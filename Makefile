@@ -1,4 +1,5 @@
 # Two entry points for a fresh machine: `make conformance` (the main job) and `make test`.
+# `make conformance` writes .normconf/results.jsonl, .normconf/report.html and .normconf/summary.md.
 # Both create .venv on first use; TORCH selects the torch build (the CPU wheel 2.13.0 by default;
 # on a CUDA machine pass the CUDA build you want, e.g. TORCH="torch==2.13.0 --index-url ...").
 PYTHON ?= python3
@@ -21,13 +22,13 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 conformance: $(STAMP)
-	$(BIN)/pytest conformance --profile $(PROFILE) -n $(WORKERS)
+	$(BIN)/normconf run --profile $(PROFILE) -n $(WORKERS) -o .normconf
 
 test: $(STAMP)
 	$(BIN)/pytest -n $(WORKERS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check conformance backends tests scripts
+	$(BIN)/ruff check conformance backends reports tests scripts
 
 types: $(STAMP)
 	$(BIN)/mypy

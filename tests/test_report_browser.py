@@ -7,6 +7,7 @@ Skipped, with the reason, only where /usr/bin/chromium or the playwright package
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,14 @@ CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = ROOT / ".normconf" / "report-screenshot.png"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 
+# .ci/run sets NORMCONF_REQUIRE_BROWSER: there a missing browser is an error, never a skip.
+REQUIRED = bool(os.environ.get("NORMCONF_REQUIRE_BROWSER"))
 pytestmark = [
-    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} is missing: apt-get install chromium"),
     pytest.mark.skipif(
-        importlib.util.find_spec("playwright") is None,
+        not CHROMIUM.exists() and not REQUIRED, reason=f"{CHROMIUM} is missing: apt-get install chromium"
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("playwright") is None and not REQUIRED,
         reason="playwright is not installed: pip install -e '.[test]' (never 'playwright install')",
     ),
 ]
