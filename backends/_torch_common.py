@@ -5,6 +5,7 @@ Each adapter only says how to build the forward computation of a case; everythin
 
 from __future__ import annotations
 
+import os
 import platform
 import warnings
 from collections.abc import Callable, Mapping
@@ -97,6 +98,45 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return array.view(ml_dtypes.bfloat16) if tensor.dtype == torch.bfloat16 else array
 
 
+def threads() -> int:
+    """Apply ``OMP_NUM_THREADS`` when set and return torch's intra-op thread count.
+
+    torch reads the variable only when it is first imported; a session that sets it later (the
+    benchmarks fix the count before preparing any case) still gets it through here.
+    """
+    wanted = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if wanted.isdigit() and int(wanted) > 0 and torch.get_num_threads() != int(wanted):
+        torch.set_num_threads(int(wanted))
+    return torch.get_num_threads()
+
+
+class TorchCopy:
+    """A device copy of ``nbytes`` (float32 elements): the benchmarks' memory roofline on this device."""
+
+    def __init__(self, nbytes: int) -> None:
+        threads()
+        self._device = device()
+        self._src = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=self._device)
+        self._dst = torch.empty_like(self._src)
+
+    def __call__(self) -> None:
+        self._dst.copy_(self._src)
+
+    def synchronize(self) -> None:
+        synchronize(self._device)
+
+    def outputs(self) -> Outputs:
+        return {}
+
+    def info(self) -> dict[str, str | int]:
+        return {"threads": torch.get_num_threads(), "copy": "torch.Tensor.copy_"}
+
+
+def copy_kernel(nbytes: int) -> TorchCopy:
+    """The optional ``Backend.copy_kernel`` of every torch adapter."""
+    return TorchCopy(nbytes)
+
+
 def synchronize(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -175,6 +215,7 @@ def _clone(tensor: torch.Tensor | None) -> torch.Tensor | None:
 def load(case: Case, inputs: Inputs, *, grad: bool, weight: np.ndarray | None = None) -> Tensors:
     """Copy the inputs to the device; ``weight`` replaces the input weight (an adapter's translation)."""
     dev = device()
+    threads()
 
     def get(name: str, *, leaf: bool = False) -> torch.Tensor | None:
         if name not in inputs:
@@ -286,6 +327,10 @@ class TorchPrepared:
 
     def synchronize(self) -> None:
         synchronize(self._device)
+
+    def info(self) -> dict[str, str | int | float | bool]:
+        """The intra-op thread count the calls ran with (the benchmarks check it against theirs)."""
+        return {"threads": torch.get_num_threads()}
 
     def outputs(self) -> Outputs:
         if not self._results:

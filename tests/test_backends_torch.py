@@ -185,7 +185,7 @@ def test_outputs(name: str, case: Case, grad: bool) -> None:
 @pytest.mark.parametrize("name", list(BACKENDS))
 def test_capabilities(name: str) -> None:
     caps = BACKENDS[name].capabilities()
-    assert caps.ops == {"layer_norm", "rms_norm", "batch_norm"}
+    assert caps.ops == {"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"}
     assert caps.dtypes == {"float64", "float32", "float16", "bfloat16"}
     assert caps.features <= set(FEATURES) and "backward" in caps.features
     assert caps.device in ("cpu", "cuda") and caps.device_name
@@ -212,6 +212,26 @@ def test_eager_runs_any_dtype_mix() -> None:
     prepared = BACKENDS["torch-eager"].prepare(case, make_inputs(case, grad=False), grad=False)
     prepared()
     assert prepared.outputs()["y"].dtype == np.float64
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_prepared_reports_the_thread_count_it_runs_with(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    try:
+        case = CASES[0]
+        prepared = BACKENDS[name].prepare(case, make_inputs(case, grad=False), grad=False)
+        assert prepared.info() == {"threads": 1} and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_copy_kernel_copies_on_the_device(name: str) -> None:
+    copy = BACKENDS[name].copy_kernel(4096)
+    copy()
+    copy.synchronize()
+    assert copy.outputs() == {} and copy.info()["threads"] == torch.get_num_threads()
 
 
 def test_outputs_before_call_is_an_error() -> None:
