@@ -223,7 +223,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _case_id(item: pytest.Item) -> str | None:
     callspec = getattr(item, "callspec", None)
     target = callspec.params.get("normconf_target") if callspec is not None else None
-    return target[1].id if target is not None else None
+    # An empty parametrization holds a NOTSET marker, not a (backend, case) pair.
+    return target[1].id if isinstance(target, tuple) else None
 
 
 @pytest.fixture
