@@ -1,0 +1,213 @@
+"""torch-compile: the torch.nn modules' computations through torch.compile (inductor), forward and backward.
+
+torch.nn.LayerNorm / RMSNorm / BatchNorm call F.layer_norm / F.rms_norm / F.batch_norm with their
+parameters; here those calls are compiled with ``dynamic=True`` (sizes symbolic, the normalized shape
+read from x) and ``fullgraph=True`` (a graph break is an error, never a silent eager fallback). One
+compiled function per (op, dtype, parameter signature, grad) serves every shape of that key; eps (an
+aten constant) and size-1 dims still specialize, each a guarded recompile inside the key. Compilation
+happens in prepare() (its first call, never timed) and is reported by info().
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from backends import _torch_common as common
+from backends._translate import offset_scale
+from conformance.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Outputs, Prepared
+from conformance.case import Case
+
+# Recompiles one key may take (eps values x size-1 specializations); past it dynamo raises instead of
+# silently running eager, so a case is compiled or it is an error.
+RECOMPILE_LIMIT = 64
+NOTES = {
+    "compile": "torch.compile(backend='inductor', dynamic=True, fullgraph=True); one compiled function"
+    " per (op, dtype, parameter signature, grad) shared by every shape; eps and size-1 dims recompile",
+    "info": "compile_s (first call of a prepare that compiled; 0 when cached), graphs_compiled, compile_key",
+}
+
+
+def _layer_norm(x: torch.Tensor, weight: Any, bias: Any, eps: float, ndim: int) -> torch.Tensor:
+    return F.layer_norm(x, x.shape[x.dim() - ndim :], weight, bias, eps)
+
+
+def _rms_norm(x: torch.Tensor, weight: Any, eps: float, ndim: int) -> torch.Tensor:
+    return F.rms_norm(x, x.shape[x.dim() - ndim :], weight, eps)
+
+
+def _add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: Any, eps: float, ndim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # One graph: inductor fuses the residual add into the normalization (the fused variant).
+    h = x + residual
+    return F.rms_norm(h, h.shape[h.dim() - ndim :], weight, eps), h
+
+
+def _batch_norm(
+    x: torch.Tensor, mean: Any, var: Any, weight: Any, bias: Any, training: bool, momentum: float, eps: float
+) -> torch.Tensor:
+    return F.batch_norm(x, mean, var, weight, bias, training, momentum, eps)
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
+    "add_rms_norm": _add_rms_norm,
+    "batch_norm": _batch_norm,
+}
+
+
+def _signature(t: common.Tensors) -> str:
+    """dtype (or '-') and requires_grad of every tensor argument, plus the rank of x."""
+    parts = [f"rank{t.x.dim()}"]
+    for name in ("x", "weight", "bias", "running_mean", "running_var"):
+        value = getattr(t, name)
+        parts.append(f"{name}:{'-' if value is None else str(value.dtype).removeprefix('torch.')}")
+    return ",".join(parts)
+
+
+def _fresh(fn: Callable[..., Any], tag: int) -> Callable[..., Any]:
+    """A copy of ``fn`` with its own code object: dynamo keeps its cache (and recompile count) per
+    code object, so each key gets its own instead of every key piling onto one list of guards."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}", co_qualname=f"{fn.__qualname__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+def _row_forward(case: Case, t: common.Tensors, fn: Callable[..., Any]) -> common.Forward:
+    """The forward call of a LayerNorm / RMSNorm / add+RMSNorm case on ``fn``."""
+    if case.op == "layer_norm":
+        return lambda: fn(t.x, t.weight, t.bias, case.eps, case.norm_ndim)
+    if case.op == "rms_norm":
+        return lambda: fn(t.x, t.weight, case.eps, case.norm_ndim)
+    residual = t.residual
+    assert residual is not None, "add_rms_norm inputs lack the residual"
+
+    def add_forward() -> torch.Tensor:
+        y, residual.last = fn(t.x, residual.residual, t.weight, case.eps, case.norm_ndim)
+        return y  # type: ignore[no-any-return]
+
+    return add_forward
+
+
+def _batch_norm_forward(
+    case: Case, t: common.Tensors, fn: Callable[..., Any], count: torch.Tensor
+) -> common.Forward:
+    def forward() -> torch.Tensor:
+        # torch.nn's momentum rule, outside the graph (a Python float the graph takes as a constant).
+        factor = common.momentum_factor(case.momentum, count) if case.training else case.momentum or 0.0
+        args = (t.x, t.running_mean, t.running_var, t.weight, t.bias, case.training, factor, case.eps)
+        return fn(*args)  # type: ignore[no-any-return]
+
+    return forward
+
+
+def _build(case: Case, t: common.Tensors, fn: Callable[..., Any]) -> common.TorchPrepared:
+    """The Prepared of ``case`` on ``fn`` (compiled, or the plain function for torch's dtype probe)."""
+    if case.op != "batch_norm":
+        return common.library_prepared(case, t, _row_forward(case, t, fn), t.weight, t.bias)
+    count = torch.zeros((), dtype=torch.long, device=t.x.device)  # torch.nn's num_batches_tracked
+    stats = None
+    if case.training:
+        assert t.running_mean is not None and t.running_var is not None, "BN inputs lack stats"
+        stats = common.RunningStats(t.running_mean, t.running_var, count)
+    forward = _batch_norm_forward(case, t, fn, count)
+    return common.library_prepared(case, t, forward, t.weight, t.bias, stats=stats)
+
+
+def _eager(case: Case, t: common.Tensors) -> common.TorchPrepared:
+    return _build(case, t, FUNCTIONS[case.op])
+
+
+class CompiledPrepared:
+    """A prepared torch case on a compiled function, warmed up (compiled) once at prepare time."""
+
+    def __init__(self, inner: common.TorchPrepared, key: str) -> None:
+        self._inner = inner
+        self._key = key
+        self._compile: dict[str, str | int | float | bool] = {}
+
+    def warm_up(self) -> None:
+        from torch._dynamo.utils import counters
+
+        before = counters["stats"]["unique_graphs"]
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+            start = time.perf_counter()
+            self._inner()
+            self._inner.synchronize()
+            took = time.perf_counter() - start
+        graphs = counters["stats"]["unique_graphs"] - before
+        self._compile = {
+            "compile_s": took if graphs else 0.0,
+            "first_call_s": took,
+            "graphs_compiled": graphs,
+            "compile_key": self._key,
+        }
+
+    def __call__(self) -> None:
+        self._inner()
+
+    def synchronize(self) -> None:
+        self._inner.synchronize()
+
+    def outputs(self) -> Outputs:
+        return self._inner.outputs()
+
+    def info(self) -> dict[str, str | int | float | bool]:
+        return {**self._inner.info(), **self._compile, "dynamic": True, "fullgraph": True}
+
+
+def _require_compiler(dev: torch.device) -> None:
+    """Inductor writes C++ on the CPU and Triton on CUDA; without its toolchain nothing compiles."""
+    if dev.type == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            raise BackendUnavailable("inductor needs triton on CUDA devices (pip install triton)")
+        return
+    from torch._inductor import cpp_builder
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except Exception as exc:  # which compiler, and why not, is inductor's to say
+        raise BackendUnavailable(f"inductor needs a C++ compiler on the CPU: {exc}") from exc
+
+
+class TorchCompile:
+    """The torch.nn computations compiled by inductor, on CUDA when available, else on the CPU."""
+
+    name = "torch-compile"
+
+    def __init__(self) -> None:
+        self._compiled: dict[tuple[str, str, bool, int, bool], Callable[..., Any]] = {}
+
+    def capabilities(self) -> Capabilities:
+        _require_compiler(common.device())
+        return common.capabilities(frozenset(FEATURES), {**common.LIBRARY_NOTES, **NOTES})
+
+    def _function(self, case: Case, t: common.Tensors, grad: bool) -> tuple[Callable[..., Any], str]:
+        key = (case.op, _signature(t), grad, case.norm_ndim, case.training)
+        if key not in self._compiled:
+            fresh = _fresh(FUNCTIONS[case.op], len(self._compiled))
+            self._compiled[key] = torch.compile(fresh, backend="inductor", dynamic=True, fullgraph=True)
+        label = f"{case.op}|{key[1]}|grad={grad}|ndim={case.norm_ndim}|train={case.training}"
+        return self._compiled[key], label
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
+        weight = None
+        if case.weight_offset:
+            weight = offset_scale(inputs["weight"], case.weight_offset, case.params)
+        tensors = common.load(case, inputs, grad=grad, weight=weight)
+        # torch's own (eager) verdict on a dtype mix: the compiled graph must not accept more than torch.nn.
+        common.probe(_eager, case, tensors)
+        fn, key = self._function(case, tensors, grad)
+        prepared = CompiledPrepared(_build(case, tensors, fn), key)
+        prepared.warm_up()
+        return prepared
+
+    def copy_kernel(self, nbytes: int) -> Prepared:
+        return common.copy_kernel(nbytes)

@@ -1,0 +1,64 @@
+"""torch-compile: compiled once per key and reused across shapes, compile time reported apart from
+run time, judged by the same checks and tolerances as every backend, unavailable without a compiler."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance import checks, ledger, tolerances
+from conformance.backend import BackendUnavailable, Unsupported
+from conformance.case import Case
+from conformance.inputs import make_inputs
+
+torch = pytest.importorskip("torch")
+torch_compile = pytest.importorskip("backends.torch_compile")
+# Inductor's first compile in a process imports a module that uses a deprecated torch.jit API; the
+# warning is torch's internal business (the suite records it in a result, these tests ignore it).
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def backend():
+    try:
+        backend = torch_compile.TorchCompile()
+        backend.capabilities()
+    except BackendUnavailable as exc:
+        pytest.skip(str(exc))
+    return backend
+
+
+def test_one_compile_serves_every_shape_of_a_key(backend) -> None:
+    first, second = (Case("rms_norm", shape, "float32", 1e-5) for shape in ((4, 48), (16, 200)))
+    compiled = backend.prepare(first, make_inputs(first), grad=False)
+    reused = backend.prepare(second, make_inputs(second), grad=False)
+    assert compiled.info()["graphs_compiled"] == 1 and compiled.info()["compile_s"] > 0
+    assert reused.info()["graphs_compiled"] == 0 and reused.info()["compile_s"] == 0.0
+    assert reused.info()["compile_key"] == compiled.info()["compile_key"]
+    assert reused.info()["dynamic"] is True and reused.info()["fullgraph"] is True
+
+
+@pytest.mark.parametrize("check", ["forward", "backward"])
+def test_passes_the_suite_checks(backend, check: str) -> None:
+    case = Case("add_rms_norm", (8, 96), "float32", 1e-5)
+    ctx = checks.Context(tolerances.load(), ledger.load(), timeout=300)
+    result = checks.run_check(check, backend, backend.capabilities(), case, ctx)
+    assert result.outcome == "passed", result.reason
+    assert "compile_s" in result.extra["info"]
+
+
+def test_dtype_mixes_follow_eager_torch(backend) -> None:
+    case = Case("layer_norm", (4, 8), "float64", 1e-5, param_dtype="float32")
+    with pytest.raises(Unsupported, match="param_dtype=float32"):
+        backend.prepare(case, make_inputs(case, grad=True), grad=True)
+
+
+def test_unavailable_without_a_cpp_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor import cpp_builder
+
+    def missing() -> str:
+        raise RuntimeError("no working C++ compiler found")
+
+    monkeypatch.setattr(torch_compile.common, "device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", missing)
+    with pytest.raises(BackendUnavailable, match="needs a C\\+\\+ compiler"):
+        torch_compile.TorchCompile().capabilities()
