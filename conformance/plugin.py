@@ -89,6 +89,22 @@ def pytest_configure(config: pytest.Config) -> None:
             state.load_strict(name)
 
 
+BENCH = Path(__file__).resolve().parent / "bench"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """conformance/bench holds benchmarks: collected only when a path argument points into it, so
+    ``pytest conformance`` runs the conformance checks alone."""
+    if collection_path.resolve() != BENCH:
+        return None
+    base = config.invocation_params.dir
+    for arg in config.args:
+        target = (base / arg.split("::", 1)[0]).resolve()
+        if target == BENCH or BENCH in target.parents:
+            return None
+    return True
+
+
 def _suite_requested(config: pytest.Config) -> bool:
     return any("conformance" in Path(str(arg)).parts or "conformance" in str(arg) for arg in config.args)
 

@@ -1,0 +1,73 @@
+"""One byte model for every backend: the compulsory bytes a check moves, weights and stats apart.
+
+Forward LN/RMS reads x and writes y; backward reads x and dy and writes dx; add_rms_norm's forward
+moves four tensors (x, residual in; y, residual_out out). The ``backward`` benchmark times forward
+and backward together, so its bytes are the sum of both passes. Parameters, their gradients and the
+per-row statistics (mean/rstd, float32, saved by the forward for the backward) are counted in
+``weights``, never in ``activations``: GB/s and roofline fractions use the activations alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from conformance.case import Case
+from conformance.dtypes import numpy_dtype
+
+CHECKS: tuple[str, ...] = ("forward", "backward")
+_STAT_BYTES = 4  # mean and rstd are float32 (float64 for float64 activations) in every reference kernel
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes one timed call moves: ``activations`` (compulsory tensors) and ``weights`` (params, stats)."""
+
+    activations: int
+    weights: int
+
+
+def _itemsize(dtype: str) -> int:
+    return numpy_dtype(dtype).itemsize
+
+
+def _forward_tensors(case: Case) -> int:
+    """Full-size tensors the forward reads or writes once each."""
+    return 4 if case.op == "add_rms_norm" else 2
+
+
+def _backward_tensors(case: Case) -> int:
+    """Full-size tensors the backward alone moves: read x (add_rms_norm: x + residual) and dy, write dx."""
+    return 3
+
+
+def _forward_params(case: Case) -> int:
+    """Parameter-sized tensors a forward moves: weight and bias read; BN also reads its running
+    statistics, and a training step writes them back."""
+    count = int(case.weight) + int(bool(case.bias))
+    if case.op == "batch_norm":
+        count += 4 if case.training else 2
+    return count
+
+
+def _stat_bytes(case: Case) -> int:
+    """Per-group statistics a forward saves for its backward: mean and rstd (RMSNorm: rstd only)."""
+    groups = case.shape[1] if case.op == "batch_norm" else case.rows
+    per_group = 1 if case.op in ("rms_norm", "add_rms_norm") else 2
+    return groups * per_group * (8 if case.dtype == "float64" else _STAT_BYTES)
+
+
+def traffic(case: Case, check: str) -> Traffic:
+    """The byte model of one timed call of ``check`` (forward, or forward + backward)."""
+    if check not in CHECKS:
+        raise ValueError(f"check={check!r} is not allowed; allowed: {', '.join(CHECKS)}")
+    tensor = math.prod(case.shape) * _itemsize(case.dtype)
+    param = math.prod(case.param_shape) * _itemsize(case.params)
+    forward = Traffic(_forward_tensors(case) * tensor, _forward_params(case) * param)
+    if check == "forward":
+        return forward
+    # The backward reads the weight again and writes d(weight), d(bias); the statistics are
+    # written by the forward and read back by the backward.
+    grads = int(case.weight) + int(bool(case.bias))
+    weights = forward.weights + (int(case.weight) + grads) * param + 2 * _stat_bytes(case)
+    return Traffic(forward.activations + _backward_tensors(case) * tensor, weights)

@@ -1,0 +1,60 @@
+"""The benchmark case sweeps: LLM hidden sizes from decode-like to memory-bound row counts.
+
+Case ids are built exactly as the conformance suite's, so a benchmark joins the conformance results
+of the same case; the decode shapes (4, 4096) and (2, 8192) are also in the ``ci`` profile.
+"""
+
+from __future__ import annotations
+
+from conformance import profiles
+from conformance.case import Case
+from conformance.profiles import Grid
+
+BENCH_PROFILES: tuple[str, ...] = ("sweep", "quick", "tiny", *profiles.PROFILES)
+OPS = ("layer_norm", "rms_norm", "add_rms_norm")
+DTYPES = ("float32", "float16", "bfloat16")
+
+SWEEP: tuple[Grid, ...] = (
+    Grid(
+        "decode-like: 1 to 4 rows at hidden sizes 4096 and 8192, where per-call overhead dominates",
+        {"op": OPS, "dtype": DTYPES, "shape": ((1, 4096), (4, 4096), (2, 8192))},
+        {"eps": 1e-5},
+    ),
+    Grid(
+        "prefill / training rows: a cache-resident 256 x 4096, then tensors of 16 to 64 MiB in float32"
+        " (beyond a 32 MiB L3), so the large ones measure memory, not cache",
+        {"op": OPS, "dtype": DTYPES, "shape": ((256, 4096), (4096, 1024), (2048, 4096), (2048, 8192))},
+        {"eps": 1e-5},
+    ),
+)
+
+QUICK: tuple[Grid, ...] = (
+    Grid(
+        "one decode and one memory-bound shape per op and dtype: a minute-scale look at the sweep",
+        {"op": OPS, "dtype": DTYPES, "shape": ((4, 4096), (2048, 4096))},
+        {"eps": 1e-5},
+    ),
+)
+
+TINY: tuple[Grid, ...] = (
+    Grid(
+        "tiny shapes that run every benchmark path in seconds (the suite's own tests)",
+        {"op": OPS, "dtype": DTYPES, "shape": ((4, 64),)},
+        {"eps": 1e-5},
+    ),
+)
+
+_GRIDS: dict[str, tuple[Grid, ...]] = {"sweep": SWEEP, "quick": QUICK, "tiny": TINY}
+
+
+def cases(profile: str) -> list[Case]:
+    """The bench profile's cases; the suite's ``smoke``/``ci``/``full`` profiles are accepted by name too."""
+    if profile not in BENCH_PROFILES:
+        raise ValueError(f"--bench-profile={profile!r} is not allowed; allowed: {', '.join(BENCH_PROFILES)}")
+    if profile in _GRIDS:
+        unique: dict[str, Case] = {}
+        for grid in _GRIDS[profile]:
+            for case in grid.cases():
+                unique.setdefault(case.id, case)
+        return list(unique.values())
+    return profiles.cases(profile)

@@ -1,0 +1,183 @@
+"""The benchmarks end to end: every benchmark runs once with timing disabled (so none can rot), a
+short timed run writes pytest-benchmark JSON with normconf's extra_info, and the suite skips them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import benchjson
+from conformance.bench import sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+KEYS = {
+    "case_id",
+    "backend",
+    "check",
+    "bytes",
+    "weight_bytes",
+    "gbps",
+    "roofline_fraction",
+    "copy_gbps",
+    "threads",
+    "device",
+}
+FAST = "fake-numpy,torch-eager,torch-nn,torch-functional"
+
+pytest.importorskip("pytest_benchmark")
+
+
+def bench(*args: str, fakes: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m pytest conformance/bench <args>`` from the repository root, as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    plugins = ["-p", "normconf_bench_fakes"] if fakes else []
+    command = [sys.executable, "-m", "pytest", "conformance/bench", "-p", "no:cacheprovider", *plugins]
+    return subprocess.run(
+        [*command, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_every_benchmark_runs_once_with_timing_disabled() -> None:
+    done = bench("--benchmark-disable", "--bench-profile", "tiny", "--backend", FAST, "-rs")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cases = len(sweep.cases("tiny"))
+    # copy + forward and backward of every case on the three torch backends; fake-numpy lacks add_rms_norm.
+    rows_only = sum(c.op != "add_rms_norm" for c in sweep.cases("tiny"))
+    passed, skipped = 1 + 3 * 2 * cases + 2 * rows_only, 2 * (cases - rows_only)
+    assert f"{passed} passed, {skipped} skipped" in done.stdout, done.stdout[-2000:]
+
+
+def test_every_backend_runs_once_with_timing_disabled() -> None:
+    # torch-compile and the exporters are slow to prepare: one case each, every registered backend.
+    done = bench(
+        "--benchmark-disable",
+        "--bench-profile",
+        "tiny",
+        "--op",
+        "rms_norm",
+        "--dtype",
+        "bfloat16",
+        "-rs",
+        fakes=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "failed" not in done.stdout and "error" not in done.stdout.lower().split("short test summary")[-1]
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    done = bench(
+        "--benchmark-only",
+        "--bench-profile", "tiny",
+        "--backend", "fake-numpy,torch-nn",
+        "--op", "layer_norm,add_rms_norm",
+        "--dtype", "float32",
+        "--bench-time", "0.003",
+        "--benchmark-min-rounds", "2",
+        "--bench-copy-mib", "4",
+        "--bench-threads", "1",
+        "--benchmark-json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {"json": json.loads(out.read_text()), "path": out}
+
+
+def test_every_record_carries_bytes_gbps_and_roofline_fraction(timed: dict[str, Any]) -> None:
+    records = [b["extra_info"] for b in timed["json"]["benchmarks"] if "case_id" in b["extra_info"]]
+    assert {(r["backend"], r["check"]) for r in records} == {
+        (b, c) for b in ("fake-numpy", "torch-nn") for c in ("forward", "backward")
+    }
+    for record in records:
+        assert set(record) >= KEYS
+        assert record["gbps"] > 0 and record["copy_gbps"] > 0 and record["bytes"] > 0
+        assert record["roofline_fraction"] == pytest.approx(record["gbps"] / record["copy_gbps"])
+        assert record["threads"] == 1 and record["device"] == "cpu"
+    torch_nn = [r for r in records if r["backend"] == "torch-nn"]
+    assert all(r["info"]["threads"] == 1 for r in torch_nn)  # the fixed count reached torch
+
+
+def test_copy_benchmark_and_machine_info_record_the_roofline(timed: dict[str, Any]) -> None:
+    data = timed["json"]
+    copies = [b for b in data["benchmarks"] if "case_id" not in b["extra_info"]]
+    assert len(copies) == 1 and copies[0]["extra_info"]["device"] == "cpu"
+    assert copies[0]["extra_info"]["source"] == "torch-nn"  # the first selected backend with a copy
+    normconf = data["machine_info"]["normconf"]
+    assert normconf["threads"] == 1 and normconf["rooflines"]["cpu"]["gbps"] > 0
+
+
+def test_report_reader_joins_the_json(timed: dict[str, Any]) -> None:
+    read = benchjson.read(timed["path"])
+    assert len(read.benchmarks) == 6 and len(read.auxiliary) == 1
+    assert all(b.roofline_fraction is not None for b in read.benchmarks)
+
+
+def test_interpreted_backends_are_not_timed_unless_asked(tmp_path: Path) -> None:
+    common = ["--bench-profile", "tiny", "--backend", "fake-interpreted", "--op", "rms_norm", "-rs"]
+    skipped = bench("--benchmark-disable", *common, "--dtype", "float32")
+    assert skipped.returncode == 0 and "--bench-interpreted times it anyway" in skipped.stdout
+    out = tmp_path / "b.json"
+    args = ["--bench-interpreted", "--bench-time", "0.002", "--bench-copy-mib", "1", "--dtype", "float32"]
+    timed_run = bench("--benchmark-only", *common, *args, "--benchmark-json", str(out))
+    assert timed_run.returncode == 0, timed_run.stdout[-2000:]
+    records = [
+        b["extra_info"] for b in json.loads(out.read_text())["benchmarks"] if "case_id" in b["extra_info"]
+    ]
+    assert records and all(r["interpreted"] is True for r in records)
+
+
+def test_a_backend_on_other_threads_fails() -> None:
+    done = bench("--benchmark-disable", "--bench-profile", "tiny", "--backend", "fake-wrong-threads",
+                 "--op", "rms_norm", "--dtype", "float32", "--bench-threads", "2")  # fmt: skip
+    assert done.returncode == 1
+    assert "ran with threads=999; the session fixed 2" in done.stdout
+
+
+def test_a_backend_copy_kernel_is_the_roofline(tmp_path: Path) -> None:
+    out = tmp_path / "b.json"
+    done = bench("--benchmark-only", "--bench-profile", "tiny", "--backend", "fake-own-copy,fake-numpy",
+                 "--op", "rms_norm", "--dtype", "float32", "--bench-time", "0.002", "--bench-copy-mib", "1",
+                 "--benchmark-json", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:]
+    copy = next(b for b in json.loads(out.read_text())["benchmarks"] if "case_id" not in b["extra_info"])
+    assert copy["extra_info"]["source"] == "fake-own-copy"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bench-profile", "huge"], "--bench-profile='huge' is not allowed"),
+        (["--bench-threads", "0"], "--bench-threads=0 is not allowed"),
+        (["--bench-time", "0"], "--bench-time=0.0 is not allowed"),
+    ],
+)
+def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
+    done = bench("--benchmark-disable", "--bench-profile", "tiny", "--backend", "fake-numpy", *args)
+    assert done.returncode == 4 and message in done.stderr
+
+
+def test_the_conformance_suite_does_not_collect_the_benchmarks() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "conformance",
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0 and "test_forward[" in done.stdout
+    assert "conformance/bench" not in done.stdout
