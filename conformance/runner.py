@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -82,23 +83,26 @@ def use_bar(out: TextIO) -> bool:
 
 def run_pytest(args: Sequence[str], log: Path, on_event: Callable[[dict[str, object]], None]) -> int:
     """Run ``python -m pytest ARGS -p conformance.progress``, pytest's output into ``log``."""
-    read_fd, write_fd = os.pipe()
-    env = {**os.environ, ENV: str(write_fd)}
     command = [sys.executable, "-m", "pytest", *args, "-p", "conformance.progress"]
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as sink:
-        sink.write("$ " + " ".join(command) + "\n")
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as events, log.open("w") as sink:
+        sink.write("$ " + shlex.join(command) + "\n")
         sink.flush()
         try:
             process = subprocess.Popen(
-                command, stdout=sink, stderr=subprocess.STDOUT, env=env, pass_fds=(write_fd,)
+                command,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, ENV: str(write_fd)},
+                pass_fds=(write_fd,),
             )
         finally:
+            # Only the child writes; the pipe ends (EOF) when pytest and anything it spawned exit.
             os.close(write_fd)
-        with os.fdopen(read_fd, "rb") as events:
-            for raw in events:
-                try:
-                    on_event(json.loads(raw))
-                except json.JSONDecodeError:
-                    continue
+        for raw in events:
+            try:
+                on_event(json.loads(raw))
+            except json.JSONDecodeError:
+                continue
         return process.wait()
