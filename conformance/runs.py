@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.results import read
+from conformance.results import OUTCOMES, SchemaError, read
 
 BAD_OUTCOMES: frozenset[str] = frozenset({"failed", "error", "xpassed"})
 GOOD_OUTCOMES: frozenset[str] = frozenset({"passed", "xfailed"})
@@ -90,8 +90,27 @@ def load(paths: Sequence[str | Path]) -> list[Run]:
     files = []
     for path in paths:
         header, records = read(path)
+        for index, record in enumerate(records):
+            _check(Path(path), index, record)
         files.append(ResultsFile(Path(path), header, tuple(records)))
     return group(files)
+
+
+def _check(path: Path, index: int, record: Mapping[str, Any]) -> None:
+    """A result record has the fields every report and comparison reads, with the right types."""
+    where = f"{path}: result {index + 1}"
+    for name in ("backend", "check", "outcome"):
+        if not isinstance(record.get(name), str):
+            raise SchemaError(f"{where}: {name}={record.get(name)!r} is not allowed; allowed: a string")
+    if record["outcome"] not in OUTCOMES:
+        raise SchemaError(
+            f"{where}: outcome={record['outcome']!r} is not allowed; allowed: {', '.join(OUTCOMES)}"
+        )
+    case = record.get("case")
+    if not isinstance(case, Mapping) or not isinstance(case.get("id"), str):
+        raise SchemaError(f"{where}: case={case!r} is not allowed; allowed: an object with a string id")
+    if not isinstance(record.get("comparisons", []), list):
+        raise SchemaError(f"{where}: comparisons must be a list")
 
 
 def group(files: Sequence[ResultsFile]) -> list[Run]:

@@ -65,6 +65,9 @@ def _bad_files(tmp_path):
     other = write(tmp_path / "v9.jsonl", standard_records(), schema=SCHEMA_VERSION + 8)
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"results": []}))
+    records = standard_records()
+    write(tmp_path / "odd.jsonl", [records[0], {**records[1], "outcome": "meh"}])
+    write(tmp_path / "nocase.jsonl", [{k: v for k, v in records[0].items() if k != "case"}])
     return corrupt, other, bench
 
 
@@ -74,6 +77,8 @@ def _bad_files(tmp_path):
         (("report", "{tmp}/missing.jsonl"), "missing.jsonl: cannot read results"),
         (("report", "{tmp}/corrupt.jsonl"), "corrupt.jsonl: corrupt results line"),
         (("report", "{tmp}/v9.jsonl"), "v9.jsonl: schema=9 is not allowed; allowed: 1"),
+        (("report", "{tmp}/odd.jsonl"), "odd.jsonl: result 2: outcome='meh' is not allowed; allowed: passed"),
+        (("report", "{tmp}/nocase.jsonl"), "nocase.jsonl: result 1: case=None is not allowed"),
         (("report", "{tmp}/ok.jsonl", "--format", "pdf"), "--format='pdf' is not allowed; allowed: html, md"),
         (
             ("report", "{tmp}/ok.jsonl", "--bench", "{tmp}/bench.json"),
