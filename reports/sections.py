@@ -279,7 +279,7 @@ def coverage(runs: Sequence[Run]) -> Coverage:
             row.setdefault(item, Counter())[state] += 1
     present = {item for row in counts.values() for item in row}
     checks = [c for c in CHECK_NAMES if c in present] + sorted(present - set(CHECK_NAMES) - set(FEATURES))
-    items = (*checks, *(f for f in FEATURES if f in present))
+    items = (*checks, *(f for f in FEATURES if f in present and f not in checks))
     by_id = {c.id: c for c in cols}
     rows = tuple(
         CoverageRow(

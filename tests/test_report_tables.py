@@ -127,6 +127,7 @@ def test_coverage_counts_checks_and_features_and_unsupported(tmp_path):
     cov = sections.coverage(runs.load([write(tmp_path / "r.jsonl", records)]))
     assert cov.items[:2] == ("forward", "backward")
     assert "no_weight" in cov.items and "multi_axis" in cov.items
+    assert len(cov.items) == len(set(cov.items))  # the backward/training checks are not repeated as features
     alpha_ln = next(r for r in cov.rows if r.column.key == "alpha" and r.op == "layer_norm")
     assert alpha_ln.cells["no_weight"].state == "unsupported"
     assert alpha_ln.cells["multi_axis"].state == "ran"
