@@ -187,3 +187,13 @@ def test_the_conformance_suite_does_not_collect_the_benchmarks() -> None:
     )
     assert done.returncode == 0 and "test_forward[" in done.stdout
     assert "conformance/bench" not in done.stdout
+
+
+def test_tables_script_reads_the_json(timed: dict[str, Any]) -> None:
+    script = ROOT / "scripts" / "bench_tables.py"
+    command = [sys.executable, str(script), str(timed["path"]), "--noise", str(timed["path"])]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    for title in ("LayerNorm vs RMSNorm", "Fused vs composed", "Best and worst roofline", "Noise between"):
+        assert title in done.stdout
+    assert "| forward | torch-nn | composed | float32 |" in done.stdout
