@@ -27,8 +27,16 @@ class SuiteRun:
         return json.loads(self.results.read_text().splitlines()[0])
 
     @property
-    def records(self) -> list[dict[str, Any]]:
+    def all_records(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.results.read_text().splitlines()[1:]]
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """The per-case check results (``kind: "result"``)."""
+        return self.kind("result")
+
+    def kind(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.all_records if r.get("kind") == kind]
 
     def outcomes(self) -> dict[str, int]:
         counts: dict[str, int] = {}

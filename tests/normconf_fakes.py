@@ -42,7 +42,7 @@ class NumpyFake:
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            ops=frozenset({"layer_norm", "rms_norm", "batch_norm"}),
+            ops=frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"}),
             dtypes=frozenset({"float64", "float32", "float16", "bfloat16"}),
             features=frozenset(FEATURES),
             device="cpu",
@@ -82,11 +82,15 @@ class NumpyFake:
     # ------------------------------------------------------------------ the computation
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
         w = self.work(case)
+        out: dict[str, F] = {}
         x = inputs["x"].astype(w)
+        if case.op == "add_rms_norm":
+            # The residual stream is stored in the activation dtype, then normalized.
+            out["residual_out"] = (inputs["x"] + inputs["residual"]).astype(inputs["x"].dtype)
+            x = out["residual_out"].astype(w)
         axes = self.axes(case, x)
         p = self._params(case, inputs, x.ndim, w)
-        out: dict[str, F] = {}
-        if case.op == "rms_norm":
+        if case.op in ("rms_norm", "add_rms_norm"):
             rstd = self.rstd(np.square(x).mean(axis=axes, keepdims=True), case.eps)
             xhat = x * rstd
             scale = p["weight"] + np.asarray(case.weight_offset, w) if case.weight else np.ones((), w)
@@ -142,7 +146,8 @@ class NumpyFake:
 
     def _rounded(self, case: Case, out: dict[str, F]) -> dict[str, F]:
         act, par = numpy_dtype(case.dtype), numpy_dtype(case.params)
-        return {k: np.ascontiguousarray(v.astype(act if k in ("y", "dx") else par)) for k, v in out.items()}
+        act_outputs = ("y", "dx", "residual_out")
+        return {k: np.ascontiguousarray(v.astype(act if k in act_outputs else par)) for k, v in out.items()}
 
 
 conformance.register("fake-numpy")(NumpyFake)
