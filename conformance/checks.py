@@ -11,11 +11,12 @@ import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from conformance import messages, oracle
-from conformance.backend import Backend, Capabilities, Unsupported
+from conformance.backend import Backend, Capabilities, Inputs, Outputs, Unsupported
 from conformance.case import Case
 from conformance.compare import Comparison, compare
 from conformance.conditioning import mean_error
@@ -37,6 +38,7 @@ class Context:
     ledger: Ledger
     timeout: float
     reproduce: str = ""
+    save_failures: Path | None = None  # --save-failures: write a replayable bundle per failure
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Verdict:
     comparisons: tuple[Comparison, ...] = ()
     warnings: tuple[str, ...] = ()
     info: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    bundle: str = ""
 
 
 def forward_outputs(case: Case) -> tuple[str, ...]:
@@ -94,17 +97,21 @@ def _run(backend: Backend, case: Case, ctx: Context, grad: bool, calls: int = 1)
     )
 
 
-def _compared(
-    backend: Backend, case: Case, ctx: Context, check: str, names: tuple[str, ...], grad: bool
-) -> Verdict:
-    run = _run(backend, case, ctx, grad)
-    inputs, expected = materials(case)
-    comparisons = tuple(
+def compare_outputs(
+    case: Case,
+    inputs: Inputs,
+    expected: Mapping[str, np.ndarray],
+    actual: Outputs,
+    names: tuple[str, ...],
+    tolerances: ToleranceTable,
+) -> tuple[Comparison, ...]:
+    """Each named output against the oracle under its tolerance rule (shared with replay and shrinking)."""
+    return tuple(
         compare(
             name,
-            run.outputs[0][name],
+            actual[name],
             expected[name],
-            ctx.tolerances.lookup(case.op, name, output_dtype(case, name), case.dist),
+            tolerances.lookup(case.op, name, output_dtype(case, name), case.dist),
             output_dtype(case, name),
             scale=scale(case, name, inputs, expected),
             mean_error=mean_error(case, expected),
@@ -112,8 +119,49 @@ def _compared(
         )
         for name in names
     )
+
+
+def _compared(
+    backend: Backend, case: Case, ctx: Context, check: str, names: tuple[str, ...], grad: bool
+) -> Verdict:
+    run = _run(backend, case, ctx, grad)
+    inputs, expected = materials(case)
+    comparisons = compare_outputs(case, inputs, expected, run.outputs[0], names, ctx.tolerances)
     verdict = _judge(backend.name, case, check, comparisons, ctx)
-    return dataclasses.replace(verdict, warnings=run.warnings, info=run.info)
+    verdict = dataclasses.replace(verdict, warnings=run.warnings, info=run.info)
+    if ctx.save_failures is not None and verdict.outcome in ("failed", "xfailed"):
+        verdict = _saved(backend, case, check, grad, ctx, run.outputs[0], verdict)
+    return verdict
+
+
+def _saved(
+    backend: Backend, case: Case, check: str, grad: bool, ctx: Context, actual: Outputs, verdict: Verdict
+) -> Verdict:
+    """Shrink the failure, write its bundle, and say where it is and how to replay it."""
+    from conformance import bundle, failures  # failures imports this module
+
+    assert ctx.save_failures is not None
+    inputs, expected = materials(case)
+    given = inputs if grad else {k: v for k, v in inputs.items() if k != "dy"}
+    first = failures.Attempt(case, dict(given), actual, expected, verdict.comparisons)
+    names = tuple(c.output for c in verdict.comparisons)
+    run = failures.runner(backend, names, grad, ctx.tolerances, ctx.timeout)
+    try:
+        path = failures.save(
+            ctx.save_failures,
+            backend.name,
+            check,
+            verdict.outcome,
+            verdict.reason,
+            first,
+            run,
+            grad=grad,
+            tolerances=ctx.tolerances,
+        )
+    except OSError as exc:
+        return dataclasses.replace(verdict, reason=f"{verdict.reason}\n  bundle: not saved: {exc}")
+    where = f"\n  bundle: {path}\n  replay: {bundle.replay_command(path, backend.name)}"
+    return dataclasses.replace(verdict, reason=verdict.reason + where, bundle=str(path))
 
 
 def _judge(
@@ -224,6 +272,8 @@ def _extra(verdict: Verdict) -> dict[str, object]:
         extra["warnings"] = list(verdict.warnings)
     if verdict.info:
         extra["info"] = dict(verdict.info)
+    if verdict.bundle:
+        extra["bundle"] = verdict.bundle
     return extra
 
 

@@ -2,7 +2,9 @@
 
 Entries are strict: a matched output that passes makes the check ``xpassed`` (reported as a
 failure), and a worst_ratio above the entry's band is an ordinary failure, so entries cannot
-hide regressions or outlive the deviation they describe.
+hide regressions or outlive the deviation they describe. An entry may also name a metamorphic
+property as its check (conformance/properties.py): it then covers the failing examples it matches,
+within its band, and is not strict, since a property's examples are drawn rather than listed.
 """
 
 from __future__ import annotations
@@ -115,9 +117,11 @@ def _entry(file: Path, index: int, entry: Any) -> Deviation:
 def _known() -> dict[str, tuple[str, ...]]:
     # Imported here: checks imports this module, and a typo must not silently match nothing.
     from conformance.checks import CHECK_NAMES
+    from conformance.properties import PROPERTIES
     from conformance.tolerances import OUTPUTS
 
-    return {"check": CHECK_NAMES, "output": OUTPUTS, "op": OPS, "dtype": DTYPES, "dist": DISTS}
+    checks = (*CHECK_NAMES, *PROPERTIES)
+    return {"check": checks, "output": OUTPUTS, "op": OPS, "dtype": DTYPES, "dist": DISTS}
 
 
 def _strings(where: str, key: str, value: Any) -> tuple[str, ...]:

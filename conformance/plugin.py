@@ -45,6 +45,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--shard", default=None, help="run only part K of N (e.g. 2/4): whole cases, dealt round-robin by id"
     )
+    group.addoption(
+        "--save-failures",
+        default=None,
+        metavar="DIR",
+        help="write a shrunk, replayable bundle for every failed or xfailed comparison check under DIR",
+    )
 
 
 def _settings(config: pytest.Config) -> Settings:
@@ -60,6 +66,7 @@ def _settings(config: pytest.Config) -> Settings:
         timeout=config.getoption("--call-timeout"),
         tolerances_path=config.getoption("--tolerances"),
         ledger_path=config.getoption("--ledger"),
+        save_failures=config.getoption("--save-failures"),
     )
 
 
@@ -133,14 +140,14 @@ class RunState:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if not self.writer or not self.records:
             return
-        records = sorted(self.records, key=lambda r: (r["backend"], r["case"].get("id", ""), r["check"]))
+        records = sorted(self.records, key=_order)
         write_atomic(self.settings.results, [self._header(int(exitstatus)), *records])
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.writer or not self.records:
             return
         terminalreporter.section("normconf")
-        for line in summary.table(self.records):
+        for line in summary.report(self.records):
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"results: {self.settings.results}")
 
@@ -187,6 +194,15 @@ class RunState:
         parts += ["--ledger", s.ledger_option] if s.ledger_option else []
         parts += _plugin_args(self.config)
         return shlex.join(parts)
+
+
+def _order(record: dict[str, Any]) -> tuple[int, str, str, str]:
+    """Results (backend, case, check) first, then fingerprints and properties (backend, name)."""
+    kind = record.get("kind", "result")
+    if kind == "result":
+        return (0, record["backend"], record["case"].get("id", ""), record["check"])
+    name = record.get("question") or record.get("property") or ""
+    return (1 if kind == "fingerprint" else 2, record["backend"], name, "")
 
 
 def _shard_field(config: pytest.Config) -> dict[str, Any]:
@@ -255,6 +271,7 @@ def normconf_run(request: pytest.FixtureRequest) -> Callable[[str], None]:
             state.settings.ledger,
             state.settings.timeout,
             state.reproduce(request.node.nodeid, backend_name),
+            state.settings.save_failures,
         )
         loaded = state.backend(backend_name)
         if isinstance(loaded, str):

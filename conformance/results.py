@@ -1,5 +1,8 @@
 """Results records (JSON Lines, SCHEMA_VERSION 1): one header, then one record per backend x case x check.
 
+Additive record kinds share the file: ``fingerprint`` (backend x question) and ``property`` (backend x
+metamorphic property); ``read`` returns only the results, ``read_fingerprints``/``read_properties`` the rest.
+
 Files are written atomically: records are collected in the one process that writes (the xdist
 controller) and the file appears complete, via a temporary file and ``os.replace``, or not at all.
 """
@@ -140,6 +143,22 @@ class SchemaError(ValueError):
 
 def read(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(header, result records) of one results file, validated against this schema version."""
+    header, records = read_all(path)
+    return header, [r for r in records if r.get("kind") == "result"]
+
+
+def read_fingerprints(path: str | Path) -> list[dict[str, Any]]:
+    """The ``kind: "fingerprint"`` records (one per backend x question) of a results file."""
+    return [r for r in read_all(path)[1] if r.get("kind") == "fingerprint"]
+
+
+def read_properties(path: str | Path) -> list[dict[str, Any]]:
+    """The ``kind: "property"`` records (one per backend x metamorphic property) of a results file."""
+    return [r for r in read_all(path)[1] if r.get("kind") == "property"]
+
+
+def read_all(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(header, every other record of any kind), validated against this schema version."""
     file = Path(path)
     try:
         lines = file.read_text().splitlines()
@@ -157,4 +176,4 @@ def read(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     schema = records[0].get("schema")
     if schema != SCHEMA_VERSION:
         raise SchemaError(f"{file}: schema={schema!r} is not allowed; allowed: {SCHEMA_VERSION}")
-    return records[0], [r for r in records[1:] if r.get("kind") == "result"]
+    return records[0], records[1:]

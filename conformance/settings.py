@@ -27,6 +27,7 @@ class Settings:
     ledger: ledger.Ledger
     tolerances_option: str | None
     ledger_option: str | None
+    save_failures: Path | None = None
 
 
 def _choices(option: str, value: str | None, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -70,6 +71,7 @@ def build(
     timeout: float,
     tolerances_path: str | None,
     ledger_path: str | None,
+    save_failures: str | None = None,
 ) -> Settings:
     """Validate every option up front so a bad value stops the run before any case runs."""
     try:
@@ -89,6 +91,7 @@ def build(
             ledger=ledger.load(ledger_path),
             tolerances_option=tolerances_path,
             ledger_option=ledger_path,
+            save_failures=Path(save_failures) if save_failures else None,
         )
     except (
         registry.RegistryError,

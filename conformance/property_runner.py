@@ -1,0 +1,204 @@
+"""Run a metamorphic property against one backend under Hypothesis, reproducibly and within a budget.
+
+Examples are drawn with a fixed seed (derandomize), no example database and no deadline, so two runs
+draw the same examples; a failure is shrunk by Hypothesis and reported with the minimal example.
+Hypothesis is imported when a property runs, never when conformance is imported.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.backend import Backend, Capabilities, Unsupported
+from conformance.compare import jsonable
+from conformance.execute import AdapterError
+from conformance.ledger import Deviation, Ledger
+from conformance.properties import EPSILONS, Context, Example, Property, Violation
+
+# Examples per property and backend in each profile: a few seconds per backend in `ci`.
+BUDGET: dict[str, int] = {"smoke": 4, "ci": 12, "full": 60}
+
+
+@dataclass(frozen=True)
+class PropertyResult:
+    """One property on one backend: outcome, examples run, worst ratio, whether related outputs were
+    identical bit for bit in every example (None when the property compares with closed forms)."""
+
+    backend: str
+    property: str
+    outcome: str  # passed | failed | unsupported | skipped | error
+    reason: str = ""
+    examples: int = 0
+    worst_ratio: float = 0.0
+    bitwise: bool | None = None
+    counterexample: Mapping[str, Any] | None = None
+    duration_s: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "property",
+            "backend": self.backend,
+            "property": self.property,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "examples": self.examples,
+            "worst_ratio": jsonable(self.worst_ratio),
+            "bitwise": self.bitwise,
+            "counterexample": dict(self.counterexample) if self.counterexample is not None else None,
+            "duration_s": round(self.duration_s, 6),
+            **({"extra": dict(self.extra)} if self.extra else {}),
+        }
+
+
+@dataclass
+class _Tally:
+    examples: int = 0
+    worst: float = 0.0
+    bitwise: bool = True
+    rejected: list[str] = field(default_factory=list)
+    known: list[tuple[Deviation, float]] = field(default_factory=list)
+
+
+def strategy(prop: Property, caps: Capabilities) -> Any:
+    """Examples for ``prop`` within what the backend declares (its ops and dtypes)."""
+    from hypothesis import strategies as st
+
+    return st.builds(
+        Example,
+        op=st.sampled_from([op for op in prop.ops if op in caps.ops]),
+        dtype=st.sampled_from(sorted(caps.dtypes)),
+        rows=st.integers(*prop.rows),
+        features=st.integers(*prop.features),
+        seed=st.integers(0, 2**16),
+        eps=st.sampled_from(EPSILONS),
+        knob=st.integers(*prop.knob),
+        flag=st.booleans(),
+    )
+
+
+def check(
+    backend: Backend,
+    caps: Capabilities,
+    prop: Property,
+    ctx: Context,
+    max_examples: int,
+    ledger: Ledger | None = None,
+) -> PropertyResult:
+    """Run ``prop`` on ``backend`` for up to ``max_examples`` examples; never raises for the adapter.
+
+    A failing example that a ledger entry for this backend and property covers (within its band)
+    is a known deviation: the search goes on, and the result is xfailed if nothing else fails.
+    """
+    start = time.perf_counter()
+    base = {"backend": backend.name, "property": prop.name}
+    if not any(op in caps.ops for op in prop.ops):
+        reason = f"none of the ops {list(prop.ops)} declared"
+        return PropertyResult(backend.name, prop.name, "unsupported", reason)
+    tally = _Tally()
+    try:
+        _search(backend, caps, prop, ctx, max_examples, tally, ledger)
+    except Violation as found:
+        return _result(base, tally, start, prop, "failed", str(found), found.example.to_dict())
+    except AdapterError as exc:
+        return _result(base, tally, start, prop, "error", f"{backend.name} {prop.name}: {exc}")
+    except Exception as exc:
+        outcome, reason, example = _hypothesis_outcome(exc, tally)
+        return _result(base, tally, start, prop, outcome, reason, example)
+    if tally.known:
+        return _result(base, tally, start, prop, "xfailed", _known_reason(tally))
+    return _result(base, tally, start, prop, "passed")
+
+
+def _known_reason(tally: _Tally) -> str:
+    entries = {id(entry): entry for entry, _ in tally.known}
+    worst = max(ratio for _, ratio in tally.known)
+    named = "; ".join(f"{e.reason} (ledger deviation[{e.index}])" for e in entries.values())
+    return f"{len(tally.known)} of {tally.examples} examples deviate (worst_ratio {worst:.4g}): {named}"
+
+
+def _result(
+    base: Mapping[str, str],
+    tally: _Tally,
+    start: float,
+    prop: Property,
+    outcome: str,
+    reason: str = "",
+    example: Mapping[str, Any] | None = None,
+) -> PropertyResult:
+    return PropertyResult(
+        base["backend"],
+        base["property"],
+        outcome,
+        reason,
+        tally.examples,
+        tally.worst,
+        tally.bitwise if prop.relation and tally.examples else None,
+        example,
+        time.perf_counter() - start,
+    )
+
+
+def _search(
+    backend: Backend,
+    caps: Capabilities,
+    prop: Property,
+    ctx: Context,
+    max_examples: int,
+    tally: _Tally,
+    ledger: Ledger | None,
+) -> None:
+    from hypothesis import HealthCheck, Phase, given, reject, settings
+
+    @settings(
+        max_examples=max_examples,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+    @given(strategy(prop, caps))
+    def holds(example: Example) -> None:
+        why = caps.why_not(example.case(), grad=ctx.grad)
+        if why is not None:
+            tally.rejected.append(why)
+            reject()
+        try:
+            outcome = prop.check(backend, example, ctx)
+        except Unsupported as exc:
+            tally.rejected.append(str(exc))
+            reject()
+        tally.examples += 1
+        if not outcome.passed:
+            entry = ledger.find(backend.name, example.case(), prop.name, outcome.output) if ledger else None
+            if entry is None or outcome.worst_ratio > entry.band[1]:
+                raise Violation(example, outcome)
+            tally.known.append((entry, outcome.worst_ratio))
+            return
+        tally.worst = max(tally.worst, outcome.worst_ratio)
+        tally.bitwise = tally.bitwise and outcome.bitwise
+
+    holds()
+
+
+def _hypothesis_outcome(exc: Exception, tally: _Tally) -> tuple[str, str, Mapping[str, Any] | None]:
+    """Map Hypothesis's own exceptions (nothing runnable, a flaky failure) to outcomes; re-raise others."""
+    from hypothesis.errors import Flaky, Unsatisfiable
+
+    if isinstance(exc, Unsatisfiable):
+        why = tally.rejected[0] if tally.rejected else "no example could run"
+        return "unsupported", f"no example runs on this backend: {why}", None
+    if isinstance(exc, Flaky):
+        inner = [e for e in getattr(exc, "exceptions", ()) if isinstance(e, Violation)]
+        example = inner[0].example.to_dict() if inner else None
+        return (
+            "failed",
+            f"the property failed, then passed on the same example (nondeterministic?): {exc}",
+            example,
+        )
+    raise exc

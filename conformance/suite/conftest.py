@@ -1,0 +1,77 @@
+"""Parametrization and fixtures of the per-backend suite files: fingerprint questions and properties.
+
+The per-case checks are parametrized by the plugin (backend x case); these two are backend x question
+and backend x property. Their records join the results file as ``kind: "fingerprint"`` and
+``kind: "property"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from conformance import fingerprint, plugin, properties, property_runner
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    settings = metafunc.config.stash[plugin.SETTINGS]
+    ops = {case.op for case in settings.cases}
+    if "normconf_question" in metafunc.fixturenames:
+        questions = [q for q in fingerprint.QUESTIONS.values() if q.op in ops]
+        targets = [(b, q) for q in questions for b in settings.backends]
+        metafunc.parametrize("normconf_question", targets, ids=[f"{b}:{q.name}" for b, q in targets])
+    if "normconf_property" in metafunc.fixturenames:
+        props = [p for p in properties.PROPERTIES.values() if ops & set(p.ops)]
+        pairs = [(b, p) for p in props for b in settings.backends]
+        metafunc.parametrize("normconf_property", pairs, ids=[f"{b}:{p.name}" for b, p in pairs])
+
+
+def _record(request: pytest.FixtureRequest, record: dict[str, Any]) -> None:
+    request.node.user_properties.append((plugin.PROPERTY, record))
+    outcome, reason = record["outcome"], record["reason"]
+    if outcome in ("failed", "error"):
+        pytest.fail(f"{outcome}: {reason}", pytrace=False)
+    if outcome in ("skipped", "unsupported"):
+        pytest.skip(f"{outcome}: {reason}")
+    if outcome == "xfailed":
+        pytest.xfail(reason)
+
+
+@pytest.fixture
+def normconf_fingerprint(request: pytest.FixtureRequest) -> Callable[[], None]:
+    """Ask this test's backend this test's question; record the answer and its evidence."""
+    state: plugin.RunState = request.config.stash[plugin.STATE]
+    backend_name, question = request.node.callspec.params["normconf_question"]
+
+    def run() -> None:
+        loaded = state.backend(backend_name)
+        if isinstance(loaded, str):
+            answer = fingerprint.Fingerprint(backend_name, question.name, "skipped", reason=loaded)
+        else:
+            answer = fingerprint.ask(loaded[0], loaded[1], question, state.settings.timeout)
+        _record(request, answer.to_dict())
+
+    return run
+
+
+@pytest.fixture
+def normconf_check_property(request: pytest.FixtureRequest) -> Callable[[], None]:
+    """Check this test's property on this test's backend within the profile's example budget."""
+    state: plugin.RunState = request.config.stash[plugin.STATE]
+    backend_name, prop = request.node.callspec.params["normconf_property"]
+    settings = state.settings
+
+    def run() -> None:
+        loaded = state.backend(backend_name)
+        if isinstance(loaded, str):
+            result = property_runner.PropertyResult(backend_name, prop.name, "skipped", loaded)
+        else:
+            backend, caps = loaded
+            ctx = properties.Context(settings.tolerances, settings.timeout, "backward" in caps.features)
+            budget = property_runner.BUDGET.get(settings.profile, property_runner.BUDGET["ci"])
+            result = property_runner.check(backend, caps, prop, ctx, budget, settings.ledger)
+        _record(request, result.to_dict())
+
+    return run
