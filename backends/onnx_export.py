@@ -134,13 +134,15 @@ def _export(case: Case, dtype: torch.dtype, values: dict[str, np.ndarray], targe
     names = _state_names(case)
     activations, dynamic = _examples(case, common.torch_dtype(case.dtype))
     state = tuple(common.to_torch(values[name], torch.device("cpu")).to(dtype) for name in names)
-    module = Functional(_module(case, dtype), tuple(names.values()), len(activations))
+    module = Functional(_module(case, dtype), tuple(names.values()), len(activations)).train(case.training)
     inputs = ["x", "residual"][: len(activations)] + list(names)
     start = time.perf_counter()
     try:
-        with warnings.catch_warnings(record=True):
-            # The exporter warns about training mode and its own internals; the outcome is judged
-            # from the graph it produces, never from its warnings.
+        with warnings.catch_warnings():
+            # torch's exporter warns about its own internals (FutureWarnings of torch.utils._pytree)
+            # and about exporting a module in training mode, which is the case's mode on purpose:
+            # neither says anything about the case, which is judged from the graph produced.
+            warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 module,
                 (*activations, *state),
@@ -196,6 +198,16 @@ def _check_outputs(case: Case, model: onnx.ModelProto) -> tuple[str, ...]:
     )
 
 
+def _check_valid(model: onnx.ModelProto) -> None:
+    """Unsupported when the exporter emits a model ONNX's own checker rejects (ORT would refuse it too)."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        raise Unsupported(
+            f"torch.onnx.export emits a model that fails the ONNX checker: {_summary(error)}"
+        ) from error
+
+
 class OnnxExport:
     """torch.nn modules exported with torch.onnx.export(dynamo=True) and run by ONNX Runtime; forward only."""
 
@@ -247,10 +259,11 @@ class OnnxExport:
         model = _export(case, dtype, values, target)
         export_s = EXPORT_SECONDS[-1]
         outputs = _check_outputs(case, model)
+        _check_valid(model)
         ops = "+".join(dict.fromkeys(node.op_type for node in model.graph.node))
         sess = _ort.session(model, f"the exported graph ({ops}, opset {target}) with x {case.dtype}")
         info = {**_ort.session_info(sess), "opset": target, "graph": ops, "export_s": round(export_s, 3)}
-        info |= {"torch": torch.__version__, "onnxscript": onnxscript.__version__}
+        info |= {"torch": str(torch.__version__), "onnxscript": str(onnxscript.__version__)}
         return Exported(sess, outputs, info)
 
 
