@@ -1,4 +1,4 @@
-"""Device helpers shared by the kernels: rounding to the output dtype, rsqrt, parameter loads."""
+"""Device helpers shared by the kernels: the sum, rounding to the output dtype, rsqrt, loads."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from triton.language.standard import _sum_combine  # noqa: E402
 
 @triton.jit
 def add_up(x, AXIS: tl.constexpr):
-    """``tl.sum(x, AXIS)`` for float tiles, written as the reduction it is.
+    """``tl.sum(x, AXIS)`` for float tiles ([BLOCK_M, BLOCK_N] -> [BLOCK_N] or [BLOCK_M]).
 
     Interpreted kernels can only call functions decorated while TRITON_INTERPRET=1 was set, and
     ``tl.sum`` was decorated when Triton was first imported, which another library in the process

@@ -18,6 +18,7 @@ from backends.triton_kernels.common import add_up, load_param, load_tile, round_
 
 @triton.jit
 def _affine(y, W, B, cols, col_ok, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr):
+    """y * w + b on one chunk: y [BLOCK_M, BLOCK_N], cols and col_ok [BLOCK_N]."""
     if HAS_W:
         y = y * load_param(W, cols, col_ok, ACC)
     if HAS_B:

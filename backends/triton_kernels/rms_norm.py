@@ -18,8 +18,9 @@ from backends.triton_kernels.common import add_up, load_param, load_tile, round_
 
 @triton.jit
 def _input(X, RES, RES_OUT, offsets, ok, HAS_RES: tl.constexpr, ACC: tl.constexpr):
-    """The normalized input of one chunk: x, or h = x + residual rounded to the activation dtype and
-    stored as residual_out (the residual stream keeps that dtype; the oracle normalizes the stored h)."""
+    """The normalized input of one [BLOCK_M, BLOCK_N] chunk (``offsets`` and ``ok`` have that shape):
+    x, or h = x + residual rounded to the activation dtype and stored as residual_out (the residual
+    stream keeps that dtype; the oracle normalizes the stored h)."""
     x = load_tile(X, offsets, ok, ACC)
     if HAS_RES:
         h = round_to(x + load_tile(RES, offsets, ok, ACC), RES_OUT.dtype.element_ty)
