@@ -122,9 +122,10 @@ def _umask() -> int:
 
 
 def _readme(record: Mapping[str, Any]) -> str:
-    case, original = record["case"], record["original_case"]
+    case = record["case"]
+    original = record.get("original_case", case)
     lines = [
-        f"# {record['backend']} {record['check']} {record['outcome']}: {case['id']}",
+        f"# {record['backend']} {record['check']} {record.get('outcome', 'failed')}: {case['id']}",
         "",
         f"Shrunk from {original['id']} (shape {original['shape']}) to shape {case['shape']}.",
         "Replay against any backend (exit 1 while it fails, 0 once it passes):",
@@ -134,7 +135,7 @@ def _readme(record: Mapping[str, Any]) -> str:
         "Figures of the shrunk case:",
         "",
     ]
-    for c in record["figures"]:
+    for c in record.get("figures", []):
         lines.append(
             f"- {c['output']}: worst_ratio {c['worst_ratio']}, max_abs {c['max_abs']}, "
             f"max_ulp {c['max_ulp']}, actual {c['actual_at_worst']} vs expected {c['expected_at_worst']} "

@@ -163,6 +163,11 @@ class _Search:
         return None
 
 
+def fewest_units(first: Attempt, run: Runner) -> tuple[Attempt, list[int]]:
+    """The fewest groups of ``first``'s own inputs that still fail, and which of its groups they are."""
+    return _Search(run, first.failing).fewest_units(first)
+
+
 def shrink(first: Attempt, run: Runner) -> tuple[Attempt, dict[str, Any]]:
     """The smallest failing variant of ``first`` and how it was found."""
     search = _Search(run, first.failing)

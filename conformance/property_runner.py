@@ -175,6 +175,7 @@ def _search(
             reject()
         tally.examples += 1
         if not outcome.passed:
+            tally.bitwise = False
             entry = ledger.find(backend.name, example.case(), prop.name, outcome.output) if ledger else None
             if entry is None or outcome.worst_ratio > entry.band[1]:
                 raise Violation(example, outcome)

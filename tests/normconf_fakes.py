@@ -6,6 +6,7 @@ changes exactly one thing; the meta-tests assert the suite catches it and names 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any
@@ -51,6 +52,12 @@ class NumpyFake:
 
     def prepare(self, case: Case, inputs: dict[str, F], *, grad: bool) -> Prepared:
         return Prepared(self, case, inputs, grad)
+
+    # The eps this fake's "library" uses when none is given (the fingerprint's optional hook).
+    default_eps = 1e-5
+
+    def prepare_default_eps(self, case: Case, inputs: dict[str, F]) -> Prepared:
+        return Prepared(self, dataclasses.replace(case, eps=self.default_eps), inputs, False)
 
     # ------------------------------------------------------------------ hooks the broken fakes override
     def work(self, case: Case) -> Any:

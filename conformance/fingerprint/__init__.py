@@ -80,7 +80,9 @@ class Fingerprint:
 
 def classify(evidence: Mapping[str, float], noise: float) -> tuple[str, bool]:
     """(answer, matched): the best hypothesis if within ``noise`` and clearly below the runner-up."""
-    ranked = sorted(evidence.items(), key=lambda item: (math.isnan(item[1]), item[1]))
+    # A NaN error (the prediction itself broke down) is as far as an error gets.
+    errors = {name: math.inf if math.isnan(error) else error for name, error in evidence.items()}
+    ranked = sorted(errors.items(), key=lambda item: item[1])
     best_name, best = ranked[0]
     if not best <= noise:
         return "unmatched", False

@@ -1,0 +1,146 @@
+"""--save-failures: failures shrink to a few numbers, bundles keep the exact bits, and a saved bundle
+replays in a fresh process (from another folder) with the same figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import ml_dtypes
+import normconf_fakes  # noqa: F401  (registers the fake backends)
+import numpy as np
+import pytest
+from conftest import ROOT, TESTS
+
+import conformance
+from conformance import bundle, checks, failures, tolerances
+from conformance.case import Case
+
+TABLE = tolerances.load()
+
+
+def _first(backend, case, check="forward"):
+    names = {"forward": checks.forward_outputs, "backward": checks.grad_outputs}[check](case)
+    grad = check == "backward"
+    run = failures.runner(backend, names, grad, TABLE, 30)
+    inputs = conformance.inputs.make_inputs(case, grad=True)
+    attempt = run(case, inputs if grad else {k: v for k, v in inputs.items() if k != "dy"})
+    assert attempt is not None and attempt.failing
+    return attempt, run
+
+
+def _fake(name):
+    return conformance.registry.entries()[name].load()
+
+
+def test_a_row_failure_shrinks_to_one_row_of_one_feature():
+    first, run = _first(_fake("fake-bias-ignored"), Case("layer_norm", (64, 384), "float32", 1e-5))
+    shrunk, info = failures.shrink(first, run)
+    assert shrunk.case.shape == (1, 1) and shrunk.failing == {"y"}
+    assert info["regenerated"] and info["runs"] <= failures.MAX_RUNS
+
+
+def test_the_failing_rows_of_the_original_input_are_kept():
+    case = Case("layer_norm", (16, 8), "float32", 1e-5)
+    first, run = _first(_fake("fake-ln-dx-no-mean-terms"), case, "backward")
+    shrunk, kept = failures.fewest_units(first, run)
+    assert shrunk.case.shape == (1, 8) and shrunk.failing == {"dx"}
+    (row,) = kept
+    np.testing.assert_array_equal(shrunk.inputs["x"][0], first.inputs["x"][row])
+    np.testing.assert_array_equal(shrunk.inputs["dy"][0], first.inputs["dy"][row])
+
+
+def test_batch_norm_keeps_the_fewest_channels():
+    first, run = _first(_fake("fake-bias-ignored"), Case("batch_norm", (6, 40), "float32", 1e-5))
+    shrunk, info = failures.shrink(first, run)
+    assert shrunk.case.shape == (6, 1) and len(info["kept_units"]) == 1
+    (channel,) = info["kept_units"]
+    np.testing.assert_array_equal(shrunk.inputs["x"][:, 0], first.inputs["x"][:, channel])
+    assert shrunk.inputs["running_var"][0] == first.inputs["running_var"][channel]
+
+
+def test_collapsed_leading_dims_and_two_normalized_dims():
+    case = Case("layer_norm", (2, 3, 4, 5), "float32", 1e-5, norm_ndim=2)
+    first, run = _first(_fake("fake-wrong-axes"), case)
+    shrunk, _ = failures.shrink(first, run)
+    assert len(shrunk.case.shape) == 3 and shrunk.case.shape[:2] == (1, 4)
+
+
+def test_bundles_store_bfloat16_losslessly(tmp_path):
+    every = np.arange(0, 2**16, 97, dtype=np.uint16)
+    bits = every[np.isfinite(every.view(ml_dtypes.bfloat16).astype(np.float32))]
+    x = bits.view(ml_dtypes.bfloat16)
+    case = Case("rms_norm", (1, x.size), "bfloat16", 1e-6)
+    meta = {"backend": "b", "check": "forward", "grad": False, "outputs": ["y"], "case": case.to_dict()}
+    path = bundle.write(
+        tmp_path,
+        "one",
+        meta,
+        {"inputs": {"x": x}, "expected": {"y": x.astype(np.float64)}, "actual": {"y": x}},
+    )
+    saved = bundle.read(path)
+    assert saved.inputs["x"].dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(saved.inputs["x"].view(np.uint16), bits)
+    assert saved.case == case and saved.outputs == ("y",)
+    assert "python -m conformance.replay" in json.loads((path / "bundle.json").read_text())["replay"]
+
+
+def test_a_bundle_of_another_format_is_refused(tmp_path):
+    with pytest.raises(bundle.BundleError):
+        bundle.read(tmp_path)
+
+
+def _replay(bundle_path, *args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    command = [sys.executable, "-m", "conformance.replay", str(bundle_path), "-p", "normconf_fakes", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_saved_failure_replays_elsewhere_with_the_same_figures(suite, tmp_path):
+    saved = tmp_path / "bundles"
+    run = suite(
+        "--backend",
+        "fake-bias-ignored",
+        "--op",
+        "layer_norm",
+        "--dtype",
+        "bfloat16",
+        "--profile",
+        "smoke",
+        "--save-failures",
+        str(saved),
+        "-k",
+        "forward",
+    )
+    assert run.returncode == 1, run.output[-3000:]
+    failed = [r for r in run.records if r["outcome"] == "failed"]
+    assert failed and all("bundle" in r["extra"] for r in failed)
+    assert "replay: python -m conformance.replay" in failed[0]["reason"]
+    original = failed[0]["extra"]["bundle"]
+    # A fresh process in an unrelated folder, with nothing but the bundle: same figures, still failing.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    copy = shutil.copytree(original, elsewhere / "bundle")
+    replayed = _replay(copy, "--json", cwd=elsewhere)
+    assert replayed.returncode == 1, replayed.stderr
+    recorded = json.loads((copy / "bundle.json").read_text())
+    assert json.loads(replayed.stdout) == recorded["figures"]
+    assert recorded["case"]["shape"] == [1, 1] and recorded["original_case"]["id"] == failed[0]["case"]["id"]
+    # The same bundle against a correct backend passes; an unknown backend is a usage error.
+    assert _replay(copy, "--backend", "fake-numpy", cwd=elsewhere).returncode == 0
+    unknown = _replay(copy, "--backend", "no-such-backend", cwd=elsewhere)
+    assert unknown.returncode == 2 and "unknown backend" in unknown.stderr
+
+
+def test_replay_prints_the_figures_for_people(tmp_path):
+    first, run = _first(_fake("fake-bias-ignored"), Case("layer_norm", (4, 8), "float32", 1e-5))
+    path = failures.save(
+        tmp_path, "fake-bias-ignored", "forward", "failed", "", first, run, grad=False, tolerances=TABLE
+    )
+    done = _replay(path, cwd=ROOT)
+    assert done.returncode == 1
+    assert "FAIL y: worst_ratio" in done.stdout and "tolerances.toml rule[" in done.stdout
+    assert (path / "README.md").read_text().startswith("# fake-bias-ignored forward failed")

@@ -1,0 +1,225 @@
+"""Semantic fingerprint: every convention fake is identified as the convention it implements, the
+reference fake as the reference everywhere, and an answer no hypothesis explains says so."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from normconf_fakes import NumpyFake
+
+import conformance
+from conformance import oracle
+from conformance.fingerprint import QUESTIONS, ask, classify, judge
+from conformance.fingerprint.emulate import REFERENCE, emulate
+from conformance.results import read, read_fingerprints, read_properties
+
+# fake -> the answers that differ from the reference; every other question must get the reference.
+CONVENTIONS = {
+    "fake-numpy": {},
+    "fake-eps-outside-sqrt": {
+        "layer_norm.eps": "added-to-std",
+        "rms_norm.eps": "added-to-std",
+        "batch_norm.eps": "added-to-std",
+    },
+    "fake-unbiased-variance": {"layer_norm.variance": "unbiased", "batch_norm.variance": "unbiased"},
+    "fake-one-pass-variance": {
+        "layer_norm.passes": "one-pass",
+        "batch_norm.passes": "one-pass",
+        # float32 E[x^2] - E[x]^2 is itself inaccurate on the float16 probe's offset rows (mean/spread
+        # ~4000): neither float32 two-pass nor float16 statistics explain it, and the answer says so.
+        "layer_norm.stats_precision.float16": "unmatched",
+        "batch_norm.stats_precision.float16": "unmatched",
+    },
+    "fake-low-precision-stats": {
+        **{
+            f"{op}.stats_precision.{dtype}": "activation-dtype"
+            for op in ("layer_norm", "rms_norm", "batch_norm")
+            for dtype in ("bfloat16", "float16")
+        },
+        # The weight-cast question assumes float32 statistics; with bfloat16 ones neither rounding fits.
+        "rms_norm.weight_cast": "unmatched",
+    },
+    "fake-ln-dx-no-mean-terms": {"layer_norm.dx": "no-mean-terms", "batch_norm.dx": "no-mean-terms"},
+    "fake-bn-biased-running-var": {"batch_norm.running_var": "biased"},
+    "fake-bias-ignored": {"layer_norm.bias": "ignored", "batch_norm.bias": "ignored"},
+    "fake-wrong-axes": {"layer_norm.axes": "last-dim", "rms_norm.axes": "last-dim"},
+}
+DEFAULT_EPS = [name for name, q in QUESTIONS.items() if q.default_eps]
+
+
+def _backend(name):
+    return conformance.registry.entries()[name].load()
+
+
+def _answers(backend):
+    caps = backend.capabilities()
+    return {name: ask(backend, caps, q, timeout=30) for name, q in QUESTIONS.items()}
+
+
+@pytest.mark.parametrize("fake", sorted(CONVENTIONS))
+def test_each_convention_fake_is_identified(fake):
+    answers = _answers(_backend(fake))
+    for name, q in QUESTIONS.items():
+        if q.default_eps:
+            continue
+        expected = CONVENTIONS[fake].get(name, q.reference)
+        record = answers[name]
+        assert record.outcome == "answered", (name, record.reason)
+        assert record.answer == expected, (name, record.evidence)
+        assert record.matched == (expected != "unmatched")
+
+
+def test_reference_emulation_matches_the_oracle_on_every_float_probe():
+    """The reference convention is the oracle's semantics, rounded: the hypotheses are anchored."""
+    for name, q in QUESTIONS.items():
+        probe = q.probe()
+        if q.default_eps or probe.case.dtype != "float32":
+            continue
+        predicted = emulate(probe.case, probe.inputs, REFERENCE, grad=probe.grad)
+        exact = oracle.evaluate(probe.case, probe.inputs, grad=probe.grad)
+        for output in probe.outputs:
+            scale = np.sqrt(np.mean(np.square(exact[output]))) or 1.0
+            error = np.max(np.abs(predicted[output] - exact[output])) / scale
+            assert error < q.noise(probe.case), (name, output, error)
+
+
+def test_every_hypothesis_is_far_from_every_other_on_its_probe():
+    """A probe is useful only if its hypotheses disagree by far more than the noise bound."""
+    for name, q in QUESTIONS.items():
+        if q.default_eps:
+            continue
+        probe = q.probe()
+        predicted = {
+            h: emulate(probe.case, probe.inputs, family[0], grad=probe.grad)
+            for h, family in q.hypotheses.items()
+        }
+        for h, outputs in predicted.items():
+            verdict = judge(q, probe, {o: outputs[o] for o in probe.outputs})
+            assert verdict.answer == h and verdict.matched, (name, h, verdict.evidence)
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-6, 1e-12])
+def test_default_eps_is_inferred_from_the_outputs(eps):
+    fake = NumpyFake()
+    fake.default_eps = eps
+    caps = fake.capabilities()
+    names = {1e-5: "1e-05", 1e-6: "1e-06", 1e-12: "1e-12"}
+    for name in DEFAULT_EPS:
+        record = ask(fake, caps, QUESTIONS[name], timeout=30)
+        assert record.answer == names[eps], (name, record.estimate)
+        assert record.estimate == pytest.approx(eps, rel=0.01)
+
+
+def test_an_unlisted_default_eps_is_reported_with_its_estimate():
+    fake = NumpyFake()
+    fake.default_eps = 3e-6
+    record = ask(fake, fake.capabilities(), QUESTIONS["layer_norm.default_eps"], timeout=30)
+    assert record.answer == "unmatched" and not record.matched
+    assert record.estimate == pytest.approx(3e-6, rel=1e-3)
+    assert record.to_dict()["estimate"] == pytest.approx(3e-6, rel=1e-3)
+
+
+def test_default_eps_needs_the_optional_hook():
+    class NoHook:
+        name = "no-hook"
+
+        def capabilities(self):
+            return NumpyFake().capabilities()
+
+        def prepare(self, case, inputs, *, grad):
+            return NumpyFake().prepare(case, inputs, grad=grad)
+
+    record = ask(NoHook(), NoHook().capabilities(), QUESTIONS["rms_norm.default_eps"], timeout=30)
+    assert record.outcome == "unsupported" and "prepare_default_eps" in record.reason
+
+
+def test_an_output_no_hypothesis_explains_is_unmatched():
+    class Scaled(NumpyFake):
+        name = "scaled"
+
+        def compute(self, case, inputs, grad):
+            out = super().compute(case, inputs, grad)
+            return {**out, "y": (out["y"].astype(np.float64) * 1.1).astype(out["y"].dtype)}
+
+    record = ask(Scaled(), Scaled().capabilities(), QUESTIONS["layer_norm.eps"], timeout=30)
+    assert record.answer == "unmatched" and not record.matched
+    assert min(record.evidence.values()) > record.noise
+
+
+def test_classify_needs_a_clear_winner_within_the_noise():
+    assert classify({"a": 0.0, "b": 1.0}, noise=0.1) == ("a", True)
+    assert classify({"a": 0.5, "b": 1.0}, noise=0.1) == ("unmatched", False)
+    answer, matched = classify({"a": 0.01, "b": 0.02}, noise=0.1)
+    assert answer.startswith("ambiguous") and not matched
+    assert classify({"a": float("nan"), "b": 0.0}, noise=0.1) == ("b", True)
+
+
+def test_an_unsupported_probe_is_reported_not_asked():
+    fake = NumpyFake()
+    caps = dataclasses.replace(fake.capabilities(), dtypes=frozenset({"float32"}))
+    record = ask(fake, caps, QUESTIONS["rms_norm.weight_cast"], timeout=30)
+    assert record.outcome == "unsupported" and "bfloat16" in record.reason
+
+
+def test_records_are_additive_result_kinds():
+    record = ask(NumpyFake(), NumpyFake().capabilities(), QUESTIONS["layer_norm.eps"], timeout=30).to_dict()
+    assert record["kind"] == "fingerprint" and record["answer"] == "inside-sqrt"
+    assert set(record["evidence"]) == {"inside-sqrt", "added-to-std", "dropped"}
+    assert record["probe"] == record["probe_case"]["id"]
+
+
+torch_only = pytest.mark.skipif(
+    not any(name.startswith("torch") for name in conformance.registry.entries()),
+    reason="torch adapters absent",
+)
+
+
+@pytest.fixture(scope="module")
+def torch_answers():
+    pytest.importorskip("torch")
+    return {name: _answers(_backend(name)) for name in ("torch-eager", "torch-nn", "torch-functional")}
+
+
+@torch_only
+def test_torch_defaults_and_statistics_precision(torch_answers):
+    """What the fingerprint finds in torch, recorded so a change in torch or the adapters shows."""
+    answers = {b: {q: r.answer for q, r in found.items()} for b, found in torch_answers.items()}
+    for library in ("torch-nn", "torch-functional"):
+        assert answers[library]["layer_norm.default_eps"] == "1e-05"
+        assert answers[library]["batch_norm.default_eps"] == "1e-05"
+        assert answers[library]["rms_norm.default_eps"] == "finfo(float32).eps"
+        assert answers[library]["layer_norm.stats_precision.bfloat16"] == "float32"
+    assert answers["torch-eager"]["rms_norm.default_eps"] == "1e-06"
+    assert answers["torch-eager"]["layer_norm.stats_precision.bfloat16"] == "activation-dtype"
+    assert answers["torch-eager"]["rms_norm.stats_precision.bfloat16"] == "float32"
+    for backend in answers.values():
+        assert backend["layer_norm.eps"] == "inside-sqrt" and backend["batch_norm.momentum"] == "torch"
+
+
+def test_suite_run_records_fingerprints_and_properties_and_prints_their_tables(suite):
+    run = suite(
+        "-p",
+        "normconf_property_fakes",
+        "--backend",
+        "fake-numpy,fake-bias-ignored,fake-spreads-nan",
+        "--op",
+        "layer_norm",
+        "--profile",
+        "smoke",
+    )
+    assert run.returncode == 1, run.output[-3000:]
+    answers = {(r["backend"], r["question"]): r for r in read_fingerprints(run.results)}
+    assert {q for _, q in answers} == {n for n, q in QUESTIONS.items() if q.op == "layer_norm"}
+    assert answers["fake-bias-ignored", "layer_norm.bias"]["answer"] == "ignored"
+    assert answers["fake-numpy", "layer_norm.bias"]["evidence"]["ignored"] > 0.1
+    assert answers["fake-numpy", "layer_norm.default_eps"]["answer"] == "1e-05"
+    props = {(r["backend"], r["property"]): r for r in read_properties(run.results)}
+    assert props["fake-spreads-nan", "nonfinite_containment"]["outcome"] == "failed"
+    assert props["fake-spreads-nan", "nonfinite_containment"]["counterexample"]["rows"] >= 2
+    assert props["fake-numpy", "row_independence"]["bitwise"] is True
+    # results.read keeps returning only the per-case check results.
+    assert {r["kind"] for r in read(run.results)[1]} == {"result"}
+    assert "ignored*" in run.output and "question" in run.output and "nonfinite_containment" in run.output
+    assert "batch-invariant (bitwise): fake-bias-ignored, fake-numpy, fake-spreads-nan\n" in run.output

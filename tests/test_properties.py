@@ -1,0 +1,131 @@
+"""Metamorphic properties: they hold for the oracle and the correct NumPy fake, and each one catches
+the broken fake written to violate it, reporting the minimal example Hypothesis shrank it to."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from normconf_fakes import NumpyFake
+from normconf_property_fakes import BREAKS, OracleBackend
+
+import conformance
+from conformance import ledger, tolerances
+from conformance.properties import PROPERTIES, Context, Example, Outcome, Run, relate
+from conformance.property_runner import BUDGET, check
+from conformance.summary import batch_invariant
+
+TABLE = tolerances.load()
+CTX = Context(TABLE, timeout=30, grad=True)
+# Enough examples that every broken fake is found; the correct backends must survive the same draw.
+EXAMPLES = 20
+
+
+def _backend(name):
+    return conformance.registry.entries()[name].load()
+
+
+@pytest.mark.parametrize("backend", [OracleBackend(), NumpyFake()], ids=["oracle", "fake-numpy"])
+@pytest.mark.parametrize("name", sorted(PROPERTIES))
+def test_property_holds_for_correct_backends(backend, name):
+    result = check(backend, backend.capabilities(), PROPERTIES[name], CTX, EXAMPLES)
+    assert result.outcome == "passed", result.reason
+    assert result.examples >= EXAMPLES // 2
+    assert 0 <= result.worst_ratio <= 1
+
+
+@pytest.mark.parametrize("fake", sorted(BREAKS))
+def test_each_property_catches_its_broken_fake_with_a_minimal_example(fake):
+    prop = PROPERTIES[BREAKS[fake]]
+    backend = _backend(fake)
+    result = check(backend, backend.capabilities(), prop, CTX, EXAMPLES)
+    assert result.outcome == "failed", result
+    assert "worst_ratio" in result.reason
+    example = Example(**result.counterexample)
+    # Hypothesis shrinks towards the smallest example that still fails.
+    assert example.rows <= 3 and example.features <= 8, example
+    again = prop.check(backend, example, CTX)
+    assert not again.passed
+
+
+def test_only_the_broken_property_fails_for_a_position_independent_fake():
+    """A fake that only mishandles NaN passes every other property: properties test one thing each."""
+    backend = _backend("fake-spreads-nan")
+    outcomes = {
+        name: check(backend, backend.capabilities(), prop, CTX, 8).outcome
+        for name, prop in PROPERTIES.items()
+    }
+    assert {n for n, o in outcomes.items() if o != "passed"} == {"nonfinite_containment"}
+
+
+def test_batch_invariance_is_recorded_bitwise():
+    fake = NumpyFake()
+    result = check(fake, fake.capabilities(), PROPERTIES["row_independence"], CTX, 8)
+    assert result.bitwise is True
+    leaky = _backend("fake-batch-statistics")
+    failed = check(leaky, leaky.capabilities(), PROPERTIES["row_independence"], CTX, 8)
+    records = [result.to_dict(), failed.to_dict()]
+    assert batch_invariant(records) == ["fake-numpy"]
+
+
+def test_a_ledger_entry_turns_known_property_failures_into_xfailed(tmp_path):
+    path = tmp_path / "ledger.toml"
+    path.write_text(
+        '[[deviation]]\nbackend = "fake-variance-about-zero"\ncheck = "shift_invariance"\noutput = "y"\n'
+        'op = "layer_norm"\nband = [1.0, inf]\nreason = "variance about zero"\n'
+    )
+    known = ledger.load(path)
+    backend = _backend("fake-variance-about-zero")
+    result = check(backend, backend.capabilities(), PROPERTIES["shift_invariance"], CTX, 8, known)
+    assert result.outcome == "xfailed"
+    assert "ledger deviation[0]" in result.reason and "variance about zero" in result.reason
+
+
+def test_an_unknown_property_name_in_the_ledger_is_an_error(tmp_path):
+    path = tmp_path / "ledger.toml"
+    path.write_text(
+        '[[deviation]]\nbackend = "x"\ncheck = "shift_invariant"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
+    )
+    with pytest.raises(ledger.LedgerError, match="shift_invariant"):
+        ledger.load(path)
+
+
+def test_budgets_are_fixed_per_profile():
+    assert BUDGET["smoke"] < BUDGET["ci"] < BUDGET["full"]
+
+
+def test_a_backend_without_the_ops_is_unsupported():
+    class NoRows(NumpyFake):
+        def capabilities(self):
+            caps = super().capabilities()
+            return type(caps)(frozenset({"batch_norm"}), caps.dtypes, caps.features)
+
+    backend = NoRows()
+    result = check(backend, backend.capabilities(), PROPERTIES["shift_invariance"], CTX, 4)
+    assert result.outcome == "unsupported"
+
+
+def _run(values, allowance):
+    values = np.asarray(values, dtype=np.float64)
+    return Run(None, {"y": values}, {"y": np.zeros_like(values)}, {"y": np.full_like(values, allowance)})
+
+
+@settings(max_examples=50, derandomize=True, deadline=None, database=None)
+@given(
+    st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=8),
+    st.floats(1e-6, 1.0),
+    st.floats(0.0, 4.0),
+)
+def test_relate_passes_exactly_within_the_sum_of_allowances(values, allowance, factor):
+    first = _run(values, allowance)
+    moved = _run(np.asarray(values) + factor * allowance, allowance)
+    outcome: Outcome = relate("y", moved, first)
+    assert outcome.passed == (factor <= 2.0 * (1 + 1e-9)) or abs(factor - 2.0) < 1e-6
+    assert outcome.bitwise == bool(np.all(moved.actual["y"] == first.actual["y"]))
+
+
+def test_relate_treats_nan_against_nan_as_equal_and_nan_against_a_number_as_failure():
+    nan = float("nan")
+    assert relate("y", _run([nan, 1.0], 0.1), _run([nan, 1.0], 0.1)).passed
+    assert not relate("y", _run([nan, 1.0], 0.1), _run([0.0, 1.0], 0.1)).passed
