@@ -85,6 +85,12 @@ def run(args: argparse.Namespace) -> int:
     display.finish()
     if status == 4 or not results.exists():
         return _failed_start(status, log)
+    if status not in (0, 1):
+        # pytest stopped early (interrupted, internal error): the results hold the tests that ran.
+        print(
+            f"normconf run: pytest exited with status {status}; the results are partial, see {log}",
+            file=sys.stderr,
+        )
     bench, bench_status = _run_bench(args, out) if args.bench else ([], 0)
     _summarize(results, bench, out, args.baseline)
     return 0 if status == 0 and bench_status == 0 else 1
