@@ -305,6 +305,7 @@ class Property:
     rows: tuple[int, int] = (1, 6)
     features: tuple[int, int] = (2, 48)
     relation: bool = True  # compares two backend runs (so bitwise agreement means something)
+    weight: int = 1  # times the profile's example budget: batch invariance is only as good as its sample
 
 
 PROPERTIES: dict[str, Property] = {
@@ -312,7 +313,14 @@ PROPERTIES: dict[str, Property] = {
     for p in (
         Property("shift_invariance", shift_invariance, ("layer_norm",), knob=(-64, 64)),
         Property("scale_invariance", scale_invariance, ("layer_norm", "rms_norm"), knob=(3, 10)),
-        Property("row_independence", row_independence, ("layer_norm", "rms_norm"), knob=(0, 7), rows=(2, 6)),
+        Property(
+            "row_independence",
+            row_independence,
+            ("layer_norm", "rms_norm"),
+            knob=(0, 7),
+            rows=(2, 6),
+            weight=4,
+        ),
         Property("row_permutation", row_permutation, ("layer_norm", "rms_norm"), knob=(0, 1000), rows=(2, 6)),
         Property(
             "nonfinite_containment",

@@ -18,8 +18,12 @@ from conformance.execute import AdapterError
 from conformance.ledger import Deviation, Ledger
 from conformance.properties import EPSILONS, Context, Example, Property, Violation
 
-# Examples per property and backend in each profile: a few seconds per backend in `ci`.
-BUDGET: dict[str, int] = {"smoke": 4, "ci": 12, "full": 60}
+# Examples per property and backend in each profile (times the property's weight): a few seconds
+# per backend in `ci` for the torch adapters on a CPU.
+BUDGET: dict[str, int] = {"smoke": 4, "ci": 25, "full": 100}
+# Seconds one property may spend on one backend before it stops drawing new examples (a backend that
+# compiles every new shape would otherwise take minutes); a failure found is always shrunk.
+SECONDS: dict[str, float] = {"smoke": 5.0, "ci": 10.0, "full": 120.0}
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,9 @@ class _Tally:
     bitwise: bool = True
     rejected: list[str] = field(default_factory=list)
     known: list[tuple[Deviation, float]] = field(default_factory=list)
+    differing: Mapping[str, Any] | None = None  # the first passing example whose bits differed
+    failing: bool = False
+    out_of_time: int = 0  # examples drawn after the time budget ran out, not run
 
 
 def strategy(prop: Property, caps: Capabilities) -> Any:
@@ -87,11 +94,13 @@ def check(
     ctx: Context,
     max_examples: int,
     ledger: Ledger | None = None,
+    seconds: float | None = None,
 ) -> PropertyResult:
     """Run ``prop`` on ``backend`` for up to ``max_examples`` examples; never raises for the adapter.
 
     A failing example that a ledger entry for this backend and property covers (within its band)
     is a known deviation: the search goes on, and the result is xfailed if nothing else fails.
+    After ``seconds`` no new example runs (the count run is recorded) unless a failure is being shrunk.
     """
     start = time.perf_counter()
     base = {"backend": backend.name, "property": prop.name}
@@ -100,7 +109,7 @@ def check(
         return PropertyResult(backend.name, prop.name, "unsupported", reason)
     tally = _Tally()
     try:
-        _search(backend, caps, prop, ctx, max_examples, tally, ledger)
+        _search(backend, caps, prop, ctx, max_examples, tally, ledger, start + (seconds or float("inf")))
     except Violation as found:
         return _result(base, tally, start, prop, "failed", str(found), found.example.to_dict())
     except AdapterError as exc:
@@ -139,6 +148,10 @@ def _result(
         tally.bitwise if prop.relation and tally.examples else None,
         example,
         time.perf_counter() - start,
+        {
+            **({"first_non_bitwise": tally.differing} if prop.relation and tally.differing else {}),
+            **({"examples_not_run_out_of_time": tally.out_of_time} if tally.out_of_time else {}),
+        },
     )
 
 
@@ -150,11 +163,12 @@ def _search(
     max_examples: int,
     tally: _Tally,
     ledger: Ledger | None,
+    stop: float,
 ) -> None:
     from hypothesis import HealthCheck, Phase, given, reject, settings
 
     @settings(
-        max_examples=max_examples,
+        max_examples=max_examples * prop.weight,
         derandomize=True,
         deadline=None,
         database=None,
@@ -164,6 +178,9 @@ def _search(
     )
     @given(strategy(prop, caps))
     def holds(example: Example) -> None:
+        if not tally.failing and time.perf_counter() > stop:
+            tally.out_of_time += 1
+            return
         why = caps.why_not(example.case(), grad=ctx.grad)
         if why is not None:
             tally.rejected.append(why)
@@ -178,11 +195,14 @@ def _search(
             tally.bitwise = False
             entry = ledger.find(backend.name, example.case(), prop.name, outcome.output) if ledger else None
             if entry is None or outcome.worst_ratio > entry.band[1]:
+                tally.failing = True  # shrinking must replay examples whatever the clock says
                 raise Violation(example, outcome)
             tally.known.append((entry, outcome.worst_ratio))
             return
         tally.worst = max(tally.worst, outcome.worst_ratio)
         tally.bitwise = tally.bitwise and outcome.bitwise
+        if not outcome.bitwise and tally.differing is None:
+            tally.differing = example.to_dict()
 
     holds()
 

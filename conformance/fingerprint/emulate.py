@@ -24,6 +24,7 @@ class Convention:
     """One value per choice; the defaults are normconf's reference semantics (PyTorch's)."""
 
     eps: str = "inside"  # sqrt(var + eps) | "std": sqrt(var) + eps | "dropped"
+    eps_dtype: str = "exact"  # eps as given | "float32": rounded to float32 first (an ONNX float attribute)
     variance: str = "biased"  # divisor n | "unbiased": n - 1
     passes: str = "two"  # mean, then centred squares | "one": E[x^2] - E[x]^2
     stats: str = "float32"  # float32 (float64 stays float64) | "activation": the input dtype
@@ -114,7 +115,11 @@ def _variance(x: Array, mean: Array, axes: tuple[int, ...], w: _Work, conv: Conv
 
 def _inverse(var: Array, eps: float, w: _Work, conv: Convention) -> Array:
     """The normalizing denominator s, with eps where the convention puts it."""
-    e = w.r(np.asarray(eps))
+    e = w.r(
+        round_to(np.asarray(eps), "float32").astype(np.float64)
+        if conv.eps_dtype == "float32"
+        else np.asarray(eps)
+    )
     if conv.eps == "std":
         return w.r(w.r(np.sqrt(np.maximum(var, 0.0))) + e)
     if conv.eps == "dropped":

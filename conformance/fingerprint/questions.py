@@ -67,6 +67,8 @@ class Question:
             return 0.01  # relative distance of the inferred eps to a candidate
         if self.metric == "mismatch":
             return 0.1
+        if case.dtype == "float64":
+            return 1e-12
         return 16 * unit_roundoff(case.dtype) if case.dtype in ("float16", "bfloat16") else 1e-5
 
     def probe(self) -> Probe:
@@ -129,6 +131,7 @@ _ACTIVATION: Family = tuple(
     )
 )
 EPS = {"inside-sqrt": _one(), "added-to-std": _one(eps="std"), "dropped": _one(eps="dropped")}
+EPS_DTYPE = {"as-given": _one(), "float32": _one(eps_dtype="float32")}
 VARIANCE = {"biased": _one(), "unbiased": _one(variance="unbiased")}
 PASSES = {"two-pass": _one(), "one-pass": _one(passes="one")}
 STATS = {"float32": _both_orders(REFERENCE), "activation-dtype": _ACTIVATION}
@@ -160,6 +163,20 @@ def _eps_row(op: str) -> Callable[[], Probe]:
         return _row_probe(case, probes.alternating([1.0, 0.5], 4))
 
     return make
+
+
+def _eps_dtype_row(op: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        case = Case(op, (2, 4), "float64", 0.1)  # 0.1 is not a float32: rounding it moves y by ~1e-9
+        return _row_probe(case, probes.alternating([1.0, 0.5], 4))
+
+    return make
+
+
+def _eps_dtype_bn() -> Probe:
+    case = Case("batch_norm", (4, 2), "float64", 0.1)
+    columns = probes.alternating([1.0, 0.5], 4).T
+    return Probe(case, probes.channels(case, columns, running_var=np.array([1.0, 0.25])), False, ("y",))
 
 
 def _eps_bn() -> Probe:
@@ -317,6 +334,27 @@ def _questions() -> list[Question]:
         ),
         q("batch_norm.eps", "where eps enters (eval, running variance)", _eps_bn, EPS, "inside-sqrt"),
         q(
+            "layer_norm.eps_precision",
+            "float64 rows: eps used as given, or rounded to float32 first",
+            _eps_dtype_row("layer_norm"),
+            EPS_DTYPE,
+            "as-given",
+        ),
+        q(
+            "rms_norm.eps_precision",
+            "float64 rows: eps used as given, or rounded to float32 first",
+            _eps_dtype_row("rms_norm"),
+            EPS_DTYPE,
+            "as-given",
+        ),
+        q(
+            "batch_norm.eps_precision",
+            "float64 (eval): eps used as given, or rounded to float32 first",
+            _eps_dtype_bn,
+            EPS_DTYPE,
+            "as-given",
+        ),
+        q(
             "layer_norm.variance",
             "normalization variance divides by n (biased) or n - 1",
             _variance_ln,
@@ -441,14 +479,15 @@ def _questions() -> list[Question]:
     return [_with_nuisance(question) for question in table]
 
 
-_UNBIASED: tuple[Mapping[str, str], ...] = ({}, {"variance": "unbiased"})
-
-
 def _with_nuisance(question: Question) -> Question:
-    """LN and BN answers hold whichever normalization variance the backend uses."""
+    """LN and BN answers hold whichever normalization variance the backend uses; the eps precision
+    answer holds wherever the backend adds eps."""
+    nuisance: list[Mapping[str, str]] = [{}]
     if question.op in ("layer_norm", "batch_norm") and question.hypotheses is not VARIANCE:
-        return replace(question, nuisance=_UNBIASED)
-    return question
+        nuisance.append({"variance": "unbiased"})
+    if question.hypotheses is EPS_DTYPE:
+        nuisance += [{**changes, "eps": "std"} for changes in nuisance]
+    return replace(question, nuisance=tuple(nuisance))
 
 
 QUESTIONS: dict[str, Question] = {question.name: question for question in _questions()}

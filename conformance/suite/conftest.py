@@ -70,8 +70,9 @@ def normconf_check_property(request: pytest.FixtureRequest) -> Callable[[], None
         else:
             backend, caps = loaded
             ctx = properties.Context(settings.tolerances, settings.timeout, "backward" in caps.features)
-            budget = property_runner.BUDGET.get(settings.profile, property_runner.BUDGET["ci"])
-            result = property_runner.check(backend, caps, prop, ctx, budget, settings.ledger)
+            profile = settings.profile if settings.profile in property_runner.BUDGET else "ci"
+            budget, seconds = property_runner.BUDGET[profile], property_runner.SECONDS[profile]
+            result = property_runner.check(backend, caps, prop, ctx, budget, settings.ledger, seconds)
         _record(request, result.to_dict())
 
     return run
