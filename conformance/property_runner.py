@@ -7,6 +7,7 @@ Hypothesis is imported when a property runs, never when conformance is imported.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -100,7 +101,8 @@ def check(
 
     A failing example that a ledger entry for this backend and property covers (within its band)
     is a known deviation: the search goes on, and the result is xfailed if nothing else fails.
-    After ``seconds`` no new example runs (the count run is recorded) unless a failure is being shrunk.
+    After ``seconds`` no new example runs (at least one does; the count run is recorded) unless a
+    failure is being shrunk.
     """
     start = time.perf_counter()
     base = {"backend": backend.name, "property": prop.name}
@@ -109,7 +111,8 @@ def check(
         return PropertyResult(backend.name, prop.name, "unsupported", reason)
     tally = _Tally()
     try:
-        _search(backend, caps, prop, ctx, max_examples, tally, ledger, start + (seconds or float("inf")))
+        stop = start + (math.inf if seconds is None else seconds)
+        _search(backend, caps, prop, ctx, max_examples, tally, ledger, stop)
     except Violation as found:
         return _result(base, tally, start, prop, "failed", str(found), found.example.to_dict())
     except AdapterError as exc:
@@ -178,7 +181,7 @@ def _search(
     )
     @given(strategy(prop, caps))
     def holds(example: Example) -> None:
-        if not tally.failing and time.perf_counter() > stop:
+        if tally.examples and not tally.failing and time.perf_counter() > stop:
             tally.out_of_time += 1
             return
         why = caps.why_not(example.case(), grad=ctx.grad)

@@ -3,6 +3,8 @@ the broken fake written to violate it, reporting the minimal example Hypothesis 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -129,3 +131,22 @@ def test_relate_treats_nan_against_nan_as_equal_and_nan_against_a_number_as_fail
     nan = float("nan")
     assert relate("y", _run([nan, 1.0], 0.1), _run([nan, 1.0], 0.1)).passed
     assert not relate("y", _run([nan, 1.0], 0.1), _run([0.0, 1.0], 0.1)).passed
+
+
+def test_a_slow_backend_stops_drawing_examples_when_its_time_is_up():
+    class Slow(NumpyFake):
+        def compute(self, case, inputs, grad):
+            time.sleep(0.05)
+            return super().compute(case, inputs, grad)
+
+    backend = Slow()
+    result = check(backend, backend.capabilities(), PROPERTIES["row_permutation"], CTX, 40, seconds=0.3)
+    assert result.outcome == "passed"
+    assert 1 <= result.examples < 40
+    assert result.extra["examples_not_run_out_of_time"] == 40 - result.examples
+
+
+def test_a_failure_is_shrunk_even_after_the_time_is_up():
+    backend = _backend("fake-spreads-nan")
+    result = check(backend, backend.capabilities(), PROPERTIES["nonfinite_containment"], CTX, 20, seconds=0.0)
+    assert result.outcome == "failed" and result.counterexample["rows"] == 2
