@@ -10,7 +10,9 @@ happens in prepare() (its first call, never timed) and is reported by info().
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import os
 import time
 import types
 from collections.abc import Callable
@@ -24,6 +26,10 @@ from backends._translate import offset_scale
 from conformance.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Outputs, Prepared
 from conformance.case import Case
 
+# BatchNorm's ci grid alone is ~136 separate inductor graphs (layouts x train/eval x momentum and eps
+# constants x dtypes x grad), minutes of C++ compilation on a small machine: declared only on request.
+OPS_VARIABLE = "NORMCONF_TORCH_COMPILE_OPS"
+DEFAULT_OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm"})
 # Recompiles one key may take (eps values x size-1 specializations); past it dynamo raises instead of
 # silently running eager, so a case is compiled or it is an error.
 RECOMPILE_LIMIT = 64
@@ -31,6 +37,8 @@ NOTES = {
     "compile": "torch.compile(backend='inductor', dynamic=True, fullgraph=True); one compiled function"
     " per (op, dtype, parameter signature, grad) shared by every shape; eps and size-1 dims recompile",
     "info": "compile_s (first call of a prepare that compiled; 0 when cached), graphs_compiled, compile_key",
+    "ops": f"{OPS_VARIABLE} (default layer_norm,rms_norm,add_rms_norm; 'all' adds batch_norm, whose ci"
+    " grid is ~136 more inductor graphs)",
 }
 
 
@@ -163,6 +171,20 @@ class CompiledPrepared:
         return {**self._inner.info(), **self._compile, "dynamic": True, "fullgraph": True}
 
 
+def declared_ops() -> frozenset[str]:
+    """The ops to declare: ``NORMCONF_TORCH_COMPILE_OPS`` (a comma list or ``all``), else the row ops."""
+    value = os.environ.get(OPS_VARIABLE, "").strip()
+    if not value:
+        return DEFAULT_OPS
+    names = frozenset(v.strip() for v in value.split(",") if v.strip())
+    if names == {"all"}:
+        return frozenset(FUNCTIONS)
+    if not names or not names <= set(FUNCTIONS):
+        allowed = "all or a comma list of " + ", ".join(sorted(FUNCTIONS))
+        raise BackendUnavailable(f"{OPS_VARIABLE}={value!r} is not allowed; allowed: {allowed}")
+    return names
+
+
 def _require_compiler(dev: torch.device) -> None:
     """Inductor writes C++ on the CPU and Triton on CUDA; without its toolchain nothing compiles."""
     if dev.type == "cuda":
@@ -187,7 +209,8 @@ class TorchCompile:
 
     def capabilities(self) -> Capabilities:
         _require_compiler(common.device())
-        return common.capabilities(frozenset(FEATURES), {**common.LIBRARY_NOTES, **NOTES})
+        caps = common.capabilities(frozenset(FEATURES), {**common.LIBRARY_NOTES, **NOTES})
+        return dataclasses.replace(caps, ops=declared_ops())
 
     def _function(self, case: Case, t: common.Tensors, grad: bool) -> tuple[Callable[..., Any], str]:
         key = (case.op, _signature(t), grad, case.norm_ndim, case.training)

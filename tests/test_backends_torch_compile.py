@@ -62,3 +62,15 @@ def test_unavailable_without_a_cpp_compiler(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(cpp_builder, "get_cpp_compiler", missing)
     with pytest.raises(BackendUnavailable, match="needs a C\\+\\+ compiler"):
         torch_compile.TorchCompile().capabilities()
+
+
+def test_batch_norm_is_declared_only_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(torch_compile.OPS_VARIABLE, raising=False)
+    assert torch_compile.declared_ops() == {"layer_norm", "rms_norm", "add_rms_norm"}
+    monkeypatch.setenv(torch_compile.OPS_VARIABLE, "all")
+    assert "batch_norm" in torch_compile.declared_ops()
+    monkeypatch.setenv(torch_compile.OPS_VARIABLE, "rms_norm,batch_norm")
+    assert torch_compile.declared_ops() == {"rms_norm", "batch_norm"}
+    monkeypatch.setenv(torch_compile.OPS_VARIABLE, "group_norm")
+    with pytest.raises(BackendUnavailable, match="NORMCONF_TORCH_COMPILE_OPS='group_norm' is not allowed"):
+        torch_compile.declared_ops()
