@@ -248,10 +248,10 @@ class OnnxRuntime:
         key += (case.norm_ndim, case.bias, case.eps, case.training, case.momentum)
         built, hit = self._cache.get(key, lambda: self._build(case, compute))
         assert isinstance(built, Built), "the cache holds Built entries"
+        dtypes = _ort.output_dtypes(built.session)
         bound = tuple(
-            _ort.Bound(name, graph, _shape(case, name), dtype)
+            _ort.Bound(name, graph, _shape(case, name), dtypes[graph])
             for name, graph in built.outputs.items()
-            for dtype in [_ort.output_dtypes(built.session)[graph]]
         )
         return _ort.OrtPrepared(
             built.session, feeds(case, inputs, compute), bound, {**built.info, "cached": hit}
