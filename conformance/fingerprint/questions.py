@@ -157,32 +157,29 @@ def _row_probe(case: Case, x: np.ndarray, outputs: tuple[str, ...] = ("y",), **p
     return Probe(case, probes.rows(case, x, **params), False, outputs)
 
 
-def _eps_row(op: str) -> Callable[[], Probe]:
+# eps probes use eps = 1e-2, a value the ci profile's eps sweep has, so backends that compile or
+# export per eps value reuse what the checks built; rows of +-1/8 and +-1/16 (variance 1/64, 1/256)
+# keep var and eps comparable. 1e-2 is not a float32, so the eps precision question can use it too.
+_EPS = 1e-2
+_SCALES = [2.0**-3, 2.0**-4]
+
+
+def _eps_row(op: str, dtype: str = "float32") -> Callable[[], Probe]:
     def make() -> Probe:
-        case = Case(op, (2, 4), "float32", 0.25)
-        return _row_probe(case, probes.alternating([1.0, 0.5], 4))
+        case = Case(op, (2, 4), dtype, _EPS)
+        return _row_probe(case, probes.alternating(_SCALES, 4))
 
     return make
 
 
-def _eps_dtype_row(op: str) -> Callable[[], Probe]:
+def _eps_bn(dtype: str = "float32") -> Callable[[], Probe]:
     def make() -> Probe:
-        case = Case(op, (2, 4), "float64", 0.1)  # 0.1 is not a float32: rounding it moves y by ~1e-9
-        return _row_probe(case, probes.alternating([1.0, 0.5], 4))
+        case = Case("batch_norm", (4, 2), dtype, _EPS)
+        columns = probes.alternating(_SCALES, 4).T
+        variances = np.square(np.array(_SCALES))
+        return Probe(case, probes.channels(case, columns, running_var=variances), False, ("y",))
 
     return make
-
-
-def _eps_dtype_bn() -> Probe:
-    case = Case("batch_norm", (4, 2), "float64", 0.1)
-    columns = probes.alternating([1.0, 0.5], 4).T
-    return Probe(case, probes.channels(case, columns, running_var=np.array([1.0, 0.25])), False, ("y",))
-
-
-def _eps_bn() -> Probe:
-    case = Case("batch_norm", (4, 2), "float32", 0.25)
-    columns = probes.alternating([1.0, 0.5], 4).T
-    return Probe(case, probes.channels(case, columns, running_var=np.array([1.0, 0.25])), False, ("y",))
 
 
 def _variance_ln() -> Probe:
@@ -332,25 +329,25 @@ def _questions() -> list[Question]:
             EPS,
             "inside-sqrt",
         ),
-        q("batch_norm.eps", "where eps enters (eval, running variance)", _eps_bn, EPS, "inside-sqrt"),
+        q("batch_norm.eps", "where eps enters (eval, running variance)", _eps_bn(), EPS, "inside-sqrt"),
         q(
             "layer_norm.eps_precision",
             "float64 rows: eps used as given, or rounded to float32 first",
-            _eps_dtype_row("layer_norm"),
+            _eps_row("layer_norm", "float64"),
             EPS_DTYPE,
             "as-given",
         ),
         q(
             "rms_norm.eps_precision",
             "float64 rows: eps used as given, or rounded to float32 first",
-            _eps_dtype_row("rms_norm"),
+            _eps_row("rms_norm", "float64"),
             EPS_DTYPE,
             "as-given",
         ),
         q(
             "batch_norm.eps_precision",
             "float64 (eval): eps used as given, or rounded to float32 first",
-            _eps_dtype_bn,
+            _eps_bn("float64"),
             EPS_DTYPE,
             "as-given",
         ),
