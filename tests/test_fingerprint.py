@@ -112,6 +112,13 @@ def test_default_eps_is_inferred_from_the_outputs(eps):
         assert record.estimate == pytest.approx(eps, rel=0.01)
 
 
+def test_default_eps_is_found_wherever_the_backend_adds_it():
+    fake = _backend("fake-eps-outside-sqrt")
+    for name in DEFAULT_EPS:
+        record = ask(fake, fake.capabilities(), QUESTIONS[name], timeout=30)
+        assert record.answer == "1e-05", (name, record.estimate)
+
+
 def test_an_unlisted_default_eps_is_reported_with_its_estimate():
     fake = NumpyFake()
     fake.default_eps = 3e-6

@@ -114,31 +114,52 @@ def mismatch(actual: np.ndarray, predicted: np.ndarray, mask: np.ndarray) -> flo
     return float(differ[mask].mean())
 
 
-def infer_eps(case: Case, inputs: Mapping[str, np.ndarray], y: np.ndarray) -> float:
-    """The eps that explains y = (x - mean) / sqrt(var + eps): median over elements of (d / y)^2 - var."""
+def infer_eps(case: Case, inputs: Mapping[str, np.ndarray], y: np.ndarray) -> dict[str, tuple[float, float]]:
+    """For each place eps can enter, (the eps that explains y, how well that eps then fits every row).
+
+    The estimate comes from the rows of least variance, where y = d / sqrt(var + eps) gives
+    eps = (d / y)^2 - var (inside the root) or eps = |d / y| - sqrt(var) (added to the standard
+    deviation); the fit is the largest relative error of y predicted with it on all rows, so only
+    the placement the backend uses fits the rows whose variance is comparable to eps.
+    """
     x = np.asarray(inputs["x"], dtype=np.float64)
     if case.op == "batch_norm":
         shape = (1, -1) + (1,) * (x.ndim - 2)
         d = x - np.asarray(inputs["running_mean"], dtype=np.float64).reshape(shape)
-        var = np.asarray(inputs["running_var"], dtype=np.float64).reshape(shape)
+        var = np.broadcast_to(np.asarray(inputs["running_var"], dtype=np.float64).reshape(shape), x.shape)
     else:
         axes = tuple(range(x.ndim - case.norm_ndim, x.ndim))
         d = x - x.mean(axis=axes, keepdims=True) if case.op == "layer_norm" else x
-        var = np.square(d).mean(axis=axes, keepdims=True)
+        var = np.broadcast_to(np.square(d).mean(axis=axes, keepdims=True), x.shape)
+    actual = np.asarray(y).astype(np.float64)
+    used = (d != 0) & (actual != 0) & np.isfinite(actual)
+    tiny = used & (var == var[used].min()) if used.any() else used
+    found = {}
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        estimates = np.square(d / np.asarray(y).astype(np.float64)) - var
-    valid = np.isfinite(estimates) & (d != 0)
-    return float(np.median(estimates[valid])) if valid.any() else math.nan
+        ratio = np.abs(d / actual)
+        for place, estimator, denominator in _PLACES:
+            eps = _median(estimator(ratio, var)[tiny])
+            fit = np.abs(d / denominator(var, eps) - actual) / np.abs(actual)
+            found[place] = (eps, float(fit[used].max()) if used.any() else math.inf)
+    return found
+
+
+_PLACES: tuple[tuple[str, Any, Any], ...] = (
+    ("inside-sqrt", lambda r, v: np.square(r) - v, lambda v, e: np.sqrt(v + e)),
+    ("added-to-std", lambda r, v: r - np.sqrt(v), lambda v, e: np.sqrt(v) + e),
+)
+
+
+def _median(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.median(finite)) if finite.size else math.nan
 
 
 def judge(question: Question, probe: Probe, outputs: Mapping[str, np.ndarray]) -> Judgement:
     """Evidence (error under each hypothesis) and the answer it supports."""
     noise = question.noise(probe.case)
     if question.default_eps:
-        estimate = infer_eps(probe.case, probe.inputs, outputs["y"])
-        evidence = {name: abs(estimate / value - 1.0) for name, value in question.candidates.items()}
-        answer, matched = classify(evidence, noise)
-        return Judgement(answer, matched, evidence, estimate)
+        return _judge_default_eps(question, probe, outputs["y"], noise)
     evidence = {}
     for name, family in question.hypotheses.items():
         errors = []
@@ -150,6 +171,21 @@ def judge(question: Question, probe: Probe, outputs: Mapping[str, np.ndarray]) -
         evidence[name] = min(errors)
     answer, matched = classify(evidence, noise)
     return Judgement(answer, matched, evidence)
+
+
+def _judge_default_eps(question: Question, probe: Probe, y: np.ndarray, noise: float) -> Judgement:
+    """The candidate closest to the eps of the placement that fits every row; unmatched if none fits."""
+    found = infer_eps(probe.case, probe.inputs, y)
+    estimate, fit = min(found.values(), key=lambda pair: pair[1])
+    evidence = {name: abs(estimate / value - 1.0) for name, value in question.candidates.items()}
+    answer, matched = classify(evidence, noise)
+    if not fit <= FIT[probe.case.dtype]:
+        answer, matched = "unmatched", False
+    return Judgement(answer, matched, evidence, estimate)
+
+
+# How closely y predicted with the inferred eps must match every row: a few roundings of y.
+FIT: dict[str, float] = {"float64": 1e-9, "float32": 1e-4, "float16": 0.02, "bfloat16": 0.05}
 
 
 def _error(question: Question, probe: Probe, output: str, actual: np.ndarray, predicted: np.ndarray) -> float:

@@ -99,10 +99,13 @@ def dyadic(seed: int, shape: tuple[int, ...], *, step: float = 2.0**-4, loc: flo
     return loc + step * np.round(seeded(seed, shape) / step)
 
 
-def tiny_rows(count: int, length: int) -> np.ndarray:
-    """Rows of magnitude ~1e-8 around 0: mean square ~1e-16, far below any library's default eps."""
-    magnitudes = 1.0 + np.arange(count * length).reshape(count, length) % 7 / 8.0
-    values: np.ndarray = 1e-8 * magnitudes * alternating([1.0] * count, length)
+def ladder(length: int) -> np.ndarray:
+    """Eight rows of magnitude 1e-8, 1e-7, ..., 1e-1: mean squares from 1e-16 (far below any default
+    eps, so y = x / sqrt(eps) there) up to 1e-2 (where the placement of eps shows)."""
+    shape = (8, length)
+    spread = 1.0 + np.arange(8 * length).reshape(shape) % 7 / 8.0
+    magnitudes = 10.0 ** np.arange(-8, 0, dtype=np.float64).reshape(8, 1)
+    values: np.ndarray = magnitudes * spread * alternating([1.0] * 8, length)
     return values
 
 

@@ -289,16 +289,18 @@ def _axes_row(op: str) -> Callable[[], Probe]:
 
 def _default_eps_row(op: str, dtype: str) -> Callable[[], Probe]:
     def make() -> Probe:
-        case = Case(op, (4, 8), dtype, 1e-5)
-        return _row_probe(case, probes.tiny_rows(4, 8))
+        case = Case(op, (8, 8), dtype, 1e-5)  # eps unused: the probe runs through prepare_default_eps
+        return _row_probe(case, probes.ladder(8))
 
     return make
 
 
 def _default_eps_bn() -> Probe:
-    case = Case("batch_norm", (8, 4), "float32", 1e-5)
-    columns = probes.tiny_rows(4, 8).T
-    return Probe(case, probes.channels(case, columns, running_var=np.zeros(4)), False, ("y",))
+    case = Case("batch_norm", (8, 8), "float32", 1e-5)
+    columns = probes.ladder(8).T
+    return Probe(
+        case, probes.channels(case, columns, running_var=np.square(columns).mean(axis=0)), False, ("y",)
+    )
 
 
 def _eps_candidates(dtype: str) -> dict[str, float]:
