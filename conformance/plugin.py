@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conformance import checks, listing, registry, shard, summary
+from conformance import checks, fingerprint, listing, property_runner, registry, shard, summary
 from conformance.backend import Backend, BackendUnavailable, Capabilities
 from conformance.results import Result, header, write_atomic
 from conformance.settings import Settings, SettingsError, build
@@ -296,10 +296,16 @@ def _enforce(result: Result) -> None:
 def _crash_record(state: RunState, report: pytest.TestReport) -> dict[str, Any] | None:
     """A test that died without a Result (worker crash, fixture error) still gets an error record."""
     match = _NODE.search(report.nodeid)
-    if match is None or match["check"] not in checks.CHECKS:
+    if match is None:
+        return None
+    text = str(report.longrepr) if report.longrepr else "test failed without a result"
+    if match["check"] == "fingerprint":
+        return fingerprint.Fingerprint(match["backend"], match["case"], "error", reason=text).to_dict()
+    if match["check"] == "properties":
+        return property_runner.PropertyResult(match["backend"], match["case"], "error", text).to_dict()
+    if match["check"] not in checks.CHECKS:
         return None
     case = next((c for c in state.settings.cases if c.id == match["case"]), None)
     case_dict = case.to_dict() if case is not None else {"id": match["case"]}
-    text = str(report.longrepr) if report.longrepr else "test failed without a result"
     reproduce = state.reproduce(report.nodeid, match["backend"])
     return Result(match["backend"], case_dict, match["check"], "error", text, reproduce=reproduce).to_dict()

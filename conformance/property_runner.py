@@ -24,7 +24,7 @@ from conformance.properties import EPSILONS, Context, Example, Property, Violati
 BUDGET: dict[str, int] = {"smoke": 4, "ci": 25, "full": 100}
 # Seconds one property may spend on one backend before it stops drawing new examples (a backend that
 # compiles every new shape would otherwise take minutes); a failure found is always shrunk.
-SECONDS: dict[str, float] = {"smoke": 3.0, "ci": 5.0, "full": 120.0}
+SECONDS: dict[str, float] = {"smoke": 2.0, "ci": 3.0, "full": 120.0}
 
 
 @dataclass(frozen=True)

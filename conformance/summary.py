@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from conformance.fingerprint import QUESTIONS
 from conformance.results import OUTCOMES
 
 Record = Mapping[str, Any]
@@ -57,7 +58,7 @@ def fingerprints(records: Iterable[Record]) -> list[str]:
     if not found:
         return []
     backends = sorted({str(r["backend"]) for r in found})
-    questions = list(dict.fromkeys(str(r["question"]) for r in found))
+    questions = sorted({str(r["question"]) for r in found}, key=_question_order)
     cells = {(str(r["question"]), str(r["backend"])): fingerprint_cell(r) for r in found}
     body = ([q, *(cells.get((q, b), "") for b in backends)] for q in questions)
     legend = "fingerprint (* differs from normconf's reference, ? no hypothesis matched, - not asked)"
@@ -81,7 +82,9 @@ def properties(records: Iterable[Record]) -> list[str]:
     lines = ["properties", *_aligned(["property", *backends], body)]
     invariant = batch_invariant(found)
     if invariant is not None:
-        lines.append("batch-invariant (bitwise): " + (", ".join(invariant) or "none"))
+        examples = {str(r["backend"]): r["examples"] for r in found if r["property"] == "row_independence"}
+        named = ", ".join(f"{b} ({examples[b]} examples)" for b in invariant)
+        lines.append("batch-invariant (bitwise): " + (named or "none"))
     return lines
 
 
@@ -91,6 +94,12 @@ def batch_invariant(records: Iterable[Record]) -> list[str] | None:
     if not runs:
         return None
     return sorted(str(r["backend"]) for r in runs if r.get("bitwise") is True)
+
+
+def _question_order(name: str) -> tuple[int, str]:
+    """The question table's order (related questions together), unknown names last."""
+    order = list(QUESTIONS)
+    return (order.index(name) if name in order else len(order), name)
 
 
 def report(records: Sequence[Record]) -> list[str]:

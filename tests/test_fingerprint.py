@@ -229,4 +229,5 @@ def test_suite_run_records_fingerprints_and_properties_and_prints_their_tables(s
     # results.read keeps returning only the per-case check results.
     assert {r["kind"] for r in read(run.results)[1]} == {"result"}
     assert "ignored*" in run.output and "question" in run.output and "nonfinite_containment" in run.output
-    assert "batch-invariant (bitwise): fake-bias-ignored, fake-numpy, fake-spreads-nan\n" in run.output
+    invariant = "batch-invariant (bitwise): fake-bias-ignored (16 examples), fake-numpy (16 examples), "
+    assert invariant + "fake-spreads-nan (16 examples)\n" in run.output

@@ -39,18 +39,30 @@ def _record(request: pytest.FixtureRequest, record: dict[str, Any]) -> None:
         pytest.xfail(reason)
 
 
+# Seconds of fingerprint probes one backend may take in one process (None: no limit). A backend that
+# compiles or exports every probe (seconds each) answers the first questions, and the rest say so.
+FINGERPRINT_SECONDS: dict[str, float | None] = {"smoke": 10.0, "ci": 10.0, "full": None}
+_SPENT = pytest.StashKey[dict[str, float]]()
+
+
 @pytest.fixture
 def normconf_fingerprint(request: pytest.FixtureRequest) -> Callable[[], None]:
     """Ask this test's backend this test's question; record the answer and its evidence."""
     state: plugin.RunState = request.config.stash[plugin.STATE]
     backend_name, question = request.node.callspec.params["normconf_question"]
+    spent = request.config.stash.setdefault(_SPENT, {})
+    budget = FINGERPRINT_SECONDS.get(state.settings.profile, FINGERPRINT_SECONDS["ci"])
 
     def run() -> None:
         loaded = state.backend(backend_name)
         if isinstance(loaded, str):
             answer = fingerprint.Fingerprint(backend_name, question.name, "skipped", reason=loaded)
+        elif budget is not None and spent.get(backend_name, 0.0) >= budget:
+            reason = f"fingerprint time budget spent ({budget:g} s for {backend_name} in this process)"
+            answer = fingerprint.Fingerprint(backend_name, question.name, "skipped", reason=reason)
         else:
             answer = fingerprint.ask(loaded[0], loaded[1], question, state.settings.timeout)
+            spent[backend_name] = spent.get(backend_name, 0.0) + answer.duration_s
         _record(request, answer.to_dict())
 
     return run
