@@ -21,8 +21,9 @@ from conformance.case import Case
 from conformance.checks import output_shape, produced
 from conformance.compare import jsonable
 from conformance.execute import AdapterError, run_backend
+from conformance.fingerprint.cases import Probe
 from conformance.fingerprint.emulate import emulate
-from conformance.fingerprint.questions import QUESTIONS, Probe, Question
+from conformance.fingerprint.questions import QUESTIONS, Question
 
 __all__ = ["QUESTIONS", "SEPARATION", "Fingerprint", "ask", "classify", "judge"]
 

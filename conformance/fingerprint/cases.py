@@ -1,0 +1,186 @@
+"""The fingerprint's probe cases: one small case per question, with crafted inputs (probes.py).
+
+Each function returns a ``Probe``: the case run through the backend, its inputs, whether gradients
+are asked, and which outputs are judged. Values are chosen so that conventions disagree by far more
+than rounding; docs/fingerprints.md gives the reasoning per question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from conformance.case import Case
+from conformance.dtypes import finfo, round_to
+from conformance.fingerprint import probes
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The case run through the backend, its inputs, which outputs are judged, and (bitwise
+    questions) the elements on which the hypotheses are known to round differently."""
+
+    case: Case
+    inputs: Mapping[str, np.ndarray]
+    grad: bool
+    outputs: tuple[str, ...]
+    mask: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+
+def row_probe(case: Case, x: np.ndarray, outputs: tuple[str, ...] = ("y",), **params: np.ndarray) -> Probe:
+    return Probe(case, probes.rows(case, x, **params), False, outputs)
+
+
+# eps probes use eps = 1e-2, a value the ci profile's eps sweep has, so backends that compile or
+# export per eps value reuse what the checks built; rows of +-1/8 and +-1/16 (variance 1/64, 1/256)
+# keep var and eps comparable. 1e-2 is not a float32, so the eps precision question can use it too.
+EPS_VALUE = 1e-2
+EPS_SCALES = [2.0**-3, 2.0**-4]
+
+
+def eps_row(op: str, dtype: str = "float32") -> Callable[[], Probe]:
+    def make() -> Probe:
+        case = Case(op, (2, 4), dtype, EPS_VALUE)
+        return row_probe(case, probes.alternating(EPS_SCALES, 4))
+
+    return make
+
+
+def eps_bn(dtype: str = "float32") -> Callable[[], Probe]:
+    def make() -> Probe:
+        case = Case("batch_norm", (4, 2), dtype, EPS_VALUE)
+        columns = probes.alternating(EPS_SCALES, 4).T
+        variances = np.square(np.array(EPS_SCALES))
+        return Probe(case, probes.channels(case, columns, running_var=variances), False, ("y",))
+
+    return make
+
+
+def variance_ln() -> Probe:
+    case = Case("layer_norm", (2, 4), "float32", 1e-12)
+    return row_probe(case, np.array([[3.0, 1.0, -1.0, 1.0], [0.5, -0.25, 1.0, 0.75]]))
+
+
+def variance_bn() -> Probe:
+    case = Case("batch_norm", (4, 2), "float32", 1e-12, training=True)
+    columns = np.array([[3.0, 1.0, -1.0, 1.0], [0.5, -0.25, 1.0, 0.75]]).T
+    return Probe(case, probes.channels(case, columns), False, ("y",))
+
+
+def passes_ln() -> Probe:
+    case = Case("layer_norm", (2, 4), "float32", 1e-12)
+    return row_probe(case, probes.cancelling("float32", 2))
+
+
+def passes_bn() -> Probe:
+    case = Case("batch_norm", (4, 2), "float32", 1e-12, training=True)
+    return Probe(case, probes.channels(case, probes.cancelling("float32", 2).T), False, ("y",))
+
+
+def stats_ln(dtype: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        case = Case("layer_norm", (6, 4), dtype, 1e-6)
+        return row_probe(case, probes.off_grid_means(dtype, 6))
+
+    return make
+
+
+def stats_bn(dtype: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        case = Case("batch_norm", (4, 6), dtype, 1e-6, training=True)
+        columns = probes.off_grid_means(dtype, 6).T
+        return Probe(case, probes.channels(case, columns, running_mean=columns.mean(axis=0)), False, ("y",))
+
+    return make
+
+
+def stats_rms(dtype: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        case = Case("rms_norm", (64, 16), dtype, 1e-6)
+        return row_probe(case, probes.seeded(7, case.shape))
+
+    return make
+
+
+def cast_rms() -> Probe:
+    case = Case("rms_norm", (32, 16), "bfloat16", 1e-6)
+    return row_probe(case, probes.seeded(11, case.shape), weight=probes.seeded(12, (16,), loc=1.0, scale=0.5))
+
+
+def offset_rms() -> Probe:
+    case = Case("rms_norm", (2, 8), "float32", 1e-12, weight_offset=1.0)
+    return row_probe(case, probes.dyadic(3, case.shape), weight=probes.dyadic(4, (8,), step=2.0**-6) / 4)
+
+
+def bn_update(momentum: float | None, *outputs: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        case = Case("batch_norm", (4, 2), "float32", 1e-12, training=True, momentum=momentum)
+        columns = np.array([[1.0, 0.0, 1.0, 0.0], [-1.0, -2.0, -1.0, 0.0]]).T
+        inputs = probes.channels(case, columns, np.array([4.0, -6.0]), np.array([2.0, 3.0]))
+        return Probe(case, inputs, False, outputs)
+
+    return make
+
+
+def dx_ln() -> Probe:
+    case = Case("layer_norm", (3, 8), "float32", 1e-12)
+    inputs = probes.rows(case, probes.dyadic(5, case.shape), weight=probes.dyadic(6, (8,), loc=1.0))
+    inputs["dy"] = round_to(probes.dyadic(7, case.shape), "float32")
+    return Probe(case, inputs, True, ("dx",))
+
+
+def dx_bn() -> Probe:
+    case = Case("batch_norm", (8, 3), "float32", 1e-12, training=True)
+    inputs = probes.channels(case, probes.dyadic(8, case.shape), weight=probes.dyadic(9, (3,), loc=1.0))
+    inputs["dy"] = round_to(probes.dyadic(10, case.shape), "float32")
+    return Probe(case, inputs, True, ("dx",))
+
+
+def bias_ln() -> Probe:
+    case = Case("layer_norm", (2, 8), "float32", 1e-12)
+    return row_probe(case, probes.dyadic(13, case.shape), bias=probes.dyadic(14, (8,)) + 1.0)
+
+
+def bias_bn() -> Probe:
+    case = Case("batch_norm", (4, 3), "float32", 1e-12)
+    return Probe(
+        case,
+        probes.channels(case, probes.dyadic(15, case.shape), bias=np.array([1.0, -2.0, 3.0])),
+        False,
+        ("y",),
+    )
+
+
+def axes_row(op: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        case = Case(op, (2, 3, 4), "float32", 1e-12, norm_ndim=2)
+        return row_probe(case, probes.dyadic(16, case.shape, loc=0.5))
+
+    return make
+
+
+def default_eps_row(op: str, dtype: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        case = Case(op, (8, 8), dtype, 1e-5)  # eps unused: the probe runs through prepare_default_eps
+        return row_probe(case, probes.ladder(8))
+
+    return make
+
+
+def default_eps_bn() -> Probe:
+    case = Case("batch_norm", (8, 8), "float32", 1e-5)
+    columns = probes.ladder(8).T
+    return Probe(
+        case, probes.channels(case, columns, running_var=np.square(columns).mean(axis=0)), False, ("y",)
+    )
+
+
+def eps_candidates(dtype: str) -> dict[str, float]:
+    """Defaults seen in libraries: fixed constants, or the machine epsilon of the input dtype or of
+    the float32 it is upcast to (torch.nn.RMSNorm's eps=None)."""
+    named = {"1e-05": 1e-5, "1e-06": 1e-6, "1e-08": 1e-8, "1e-12": 1e-12}
+    for name in dict.fromkeys(("float32", dtype)):
+        named[f"finfo({name}).eps"] = float(finfo(name).eps)
+    return named
