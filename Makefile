@@ -10,7 +10,7 @@ STAMP := $(VENV)/.normconf-installed
 PROFILE ?= ci
 WORKERS ?= auto
 
-.PHONY: setup conformance test lint types
+.PHONY: setup conformance test lint types bench
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ conformance: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -n $(WORKERS)
+
+# The default benchmark sweep (serial: timings from parallel workers would mean little), then its tables.
+bench: $(STAMP)
+	$(BIN)/pytest conformance/bench --benchmark-only --benchmark-json .normconf/bench.json
+	$(BIN)/python scripts/bench_tables.py .normconf/bench.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check conformance backends reports tests scripts
