@@ -126,35 +126,44 @@ def test_report_reader_joins_the_json(timed: dict[str, Any]) -> None:
     assert all(b.roofline_fraction is not None for b in read.benchmarks)
 
 
-def test_interpreted_backends_are_not_timed_unless_asked(tmp_path: Path) -> None:
-    common = ["--bench-profile", "tiny", "--backend", "fake-interpreted", "--op", "rms_norm", "-rs"]
-    skipped = bench("--benchmark-disable", *common, "--dtype", "float32")
-    assert skipped.returncode == 0 and "--bench-interpreted times it anyway" in skipped.stdout
+@pytest.fixture(scope="module")
+def fakes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One timed run over the bench fakes: own copy kernel, interpreted, wrong thread count."""
+    out = tmp_path_factory.mktemp("fakes") / "bench.json"
+    done = bench(
+        "--benchmark-only", "--bench-profile", "tiny", "--op", "rms_norm", "--dtype", "float32", "-rs",
+        "--backend", "fake-own-copy,fake-interpreted,fake-wrong-threads",
+        "--bench-time", "0.002", "--bench-copy-mib", "1", "--bench-threads", "2",
+        "--benchmark-json", str(out),
+    )  # fmt: skip
+    return {"done": done, "json": json.loads(out.read_text())}
+
+
+def test_a_backend_copy_kernel_is_the_roofline(fakes: dict[str, Any]) -> None:
+    copy = next(b for b in fakes["json"]["benchmarks"] if "case_id" not in b["extra_info"])
+    assert copy["extra_info"]["source"] == "fake-own-copy"
+
+
+def test_a_backend_on_other_threads_fails(fakes: dict[str, Any]) -> None:
+    assert fakes["done"].returncode == 1
+    assert "ran with threads=999; the session fixed 2" in fakes["done"].stdout
+
+
+def test_interpreted_backends_are_not_timed_unless_asked(fakes: dict[str, Any], tmp_path: Path) -> None:
+    assert "--bench-interpreted times it anyway" in fakes["done"].stdout
+    backends = {b["extra_info"].get("backend") for b in fakes["json"]["benchmarks"]}
+    assert "fake-interpreted" not in backends
     out = tmp_path / "b.json"
-    args = ["--bench-interpreted", "--bench-time", "0.002", "--bench-copy-mib", "1", "--dtype", "float32"]
-    timed_run = bench("--benchmark-only", *common, *args, "--benchmark-json", str(out))
+    timed_run = bench(
+        "--benchmark-only", "--bench-profile", "tiny", "--op", "rms_norm", "--dtype", "float32",
+        "--backend", "fake-interpreted", "--bench-interpreted", "--bench-time", "0.002",
+        "--bench-copy-mib", "1", "--benchmark-json", str(out),
+    )  # fmt: skip
     assert timed_run.returncode == 0, timed_run.stdout[-2000:]
     records = [
         b["extra_info"] for b in json.loads(out.read_text())["benchmarks"] if "case_id" in b["extra_info"]
     ]
     assert records and all(r["interpreted"] is True for r in records)
-
-
-def test_a_backend_on_other_threads_fails() -> None:
-    done = bench("--benchmark-disable", "--bench-profile", "tiny", "--backend", "fake-wrong-threads",
-                 "--op", "rms_norm", "--dtype", "float32", "--bench-threads", "2")  # fmt: skip
-    assert done.returncode == 1
-    assert "ran with threads=999; the session fixed 2" in done.stdout
-
-
-def test_a_backend_copy_kernel_is_the_roofline(tmp_path: Path) -> None:
-    out = tmp_path / "b.json"
-    done = bench("--benchmark-only", "--bench-profile", "tiny", "--backend", "fake-own-copy,fake-numpy",
-                 "--op", "rms_norm", "--dtype", "float32", "--bench-time", "0.002", "--bench-copy-mib", "1",
-                 "--benchmark-json", str(out))  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:]
-    copy = next(b for b in json.loads(out.read_text())["benchmarks"] if "case_id" not in b["extra_info"])
-    assert copy["extra_info"]["source"] == "fake-own-copy"
 
 
 @pytest.mark.parametrize(
