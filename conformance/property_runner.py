@@ -106,8 +106,10 @@ def check(
     """
     start = time.perf_counter()
     base = {"backend": backend.name, "property": prop.name}
-    if not any(op in caps.ops for op in prop.ops):
-        reason = f"none of the ops {list(prop.ops)} declared"
+    if not any(op in caps.ops for op in prop.ops) or not caps.dtypes:
+        reason = (
+            f"none of the ops {list(prop.ops)} declared" if caps.dtypes else "no dtype declared or selected"
+        )
         return PropertyResult(backend.name, prop.name, "unsupported", reason)
     tally = _Tally()
     try:

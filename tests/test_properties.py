@@ -3,6 +3,7 @@ the broken fake written to violate it, reporting the minimal example Hypothesis 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -150,3 +151,19 @@ def test_a_failure_is_shrunk_even_after_the_time_is_up():
     backend = _backend("fake-spreads-nan")
     result = check(backend, backend.capabilities(), PROPERTIES["nonfinite_containment"], CTX, 20, seconds=0.0)
     assert result.outcome == "failed" and result.counterexample["rows"] == 2
+
+
+def test_examples_stay_within_the_declared_dtypes():
+    fake = NumpyFake()
+    only_bf16 = dataclasses.replace(fake.capabilities(), dtypes=frozenset({"bfloat16"}))
+    seen = []
+
+    class Recording(NumpyFake):
+        def prepare(self, case, inputs, *, grad):
+            seen.append(case.dtype)
+            return super().prepare(case, inputs, grad=grad)
+
+    assert check(Recording(), only_bf16, PROPERTIES["shift_invariance"], CTX, 6).outcome == "passed"
+    assert set(seen) == {"bfloat16"}
+    none = dataclasses.replace(only_bf16, dtypes=frozenset())
+    assert check(fake, none, PROPERTIES["shift_invariance"], CTX, 6).outcome == "unsupported"

@@ -7,6 +7,7 @@ and backend x property. Their records join the results file as ``kind: "fingerpr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -80,7 +81,9 @@ def normconf_check_property(request: pytest.FixtureRequest) -> Callable[[], None
         if isinstance(loaded, str):
             result = property_runner.PropertyResult(backend_name, prop.name, "skipped", loaded)
         else:
-            backend, caps = loaded
+            backend, declared = loaded
+            # Examples stay within the dtypes the run selected (--dtype), as the checks do.
+            caps = dataclasses.replace(declared, dtypes=declared.dtypes & {c.dtype for c in settings.cases})
             ctx = properties.Context(settings.tolerances, settings.timeout, "backward" in caps.features)
             profile = settings.profile if settings.profile in property_runner.BUDGET else "ci"
             budget, seconds = property_runner.BUDGET[profile], property_runner.SECONDS[profile]
