@@ -37,7 +37,9 @@ pytest.importorskip("pytest_benchmark")
 
 def bench(*args: str, fakes: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python -m pytest conformance/bench <args>`` from the repository root, as a user runs it."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    # An xdist worker's variables would make pytest-benchmark in the child believe it runs under xdist.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
     plugins = ["-p", "normconf_bench_fakes"] if fakes else []
     command = [sys.executable, "-m", "pytest", "conformance/bench", "-p", "no:cacheprovider", *plugins]
     return subprocess.run(
