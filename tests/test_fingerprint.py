@@ -231,3 +231,9 @@ def test_suite_run_records_fingerprints_and_properties_and_prints_their_tables(s
     assert "ignored*" in run.output and "question" in run.output and "nonfinite_containment" in run.output
     invariant = "batch-invariant (bitwise): fake-bias-ignored (16 examples), fake-numpy (16 examples), "
     assert invariant + "fake-spreads-nan (16 examples)\n" in run.output
+
+
+def test_default_eps_is_found_whatever_the_normalization_variance():
+    fake = _backend("fake-unbiased-variance")
+    for name in DEFAULT_EPS:
+        assert ask(fake, fake.capabilities(), QUESTIONS[name], timeout=30).answer == "1e-05", name

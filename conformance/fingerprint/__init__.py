@@ -116,32 +116,38 @@ def mismatch(actual: np.ndarray, predicted: np.ndarray, mask: np.ndarray) -> flo
 
 
 def infer_eps(case: Case, inputs: Mapping[str, np.ndarray], y: np.ndarray) -> dict[str, tuple[float, float]]:
-    """For each place eps can enter, (the eps that explains y, how well that eps then fits every row).
+    """For each place eps can enter (and, for LayerNorm, each variance divisor), the eps that
+    explains y and how well that eps then fits every row.
 
     The estimate comes from the rows of least variance, where y = d / sqrt(var + eps) gives
     eps = (d / y)^2 - var (inside the root) or eps = |d / y| - sqrt(var) (added to the standard
     deviation); the fit is the largest relative error of y predicted with it on all rows, so only
-    the placement the backend uses fits the rows whose variance is comparable to eps.
+    the convention the backend uses fits the rows whose variance is comparable to eps.
     """
     x = np.asarray(inputs["x"], dtype=np.float64)
     if case.op == "batch_norm":
         shape = (1, -1) + (1,) * (x.ndim - 2)
         d = x - np.asarray(inputs["running_mean"], dtype=np.float64).reshape(shape)
-        var = np.broadcast_to(np.asarray(inputs["running_var"], dtype=np.float64).reshape(shape), x.shape)
+        variances = {"": np.asarray(inputs["running_var"], dtype=np.float64).reshape(shape)}
     else:
         axes = tuple(range(x.ndim - case.norm_ndim, x.ndim))
         d = x - x.mean(axis=axes, keepdims=True) if case.op == "layer_norm" else x
-        var = np.broadcast_to(np.square(d).mean(axis=axes, keepdims=True), x.shape)
+        variances = {"": np.square(d).mean(axis=axes, keepdims=True)}
+        if case.op == "layer_norm":
+            n = d.size // variances[""].size
+            variances[", unbiased"] = variances[""] * n / (n - 1)
     actual = np.asarray(y).astype(np.float64)
     used = (d != 0) & (actual != 0) & np.isfinite(actual)
-    tiny = used & (var == var[used].min()) if used.any() else used
     found = {}
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ratio = np.abs(d / actual)
-        for place, estimator, denominator in _PLACES:
-            eps = _median(estimator(ratio, var)[tiny])
-            fit = np.abs(d / denominator(var, eps) - actual) / np.abs(actual)
-            found[place] = (eps, float(fit[used].max()) if used.any() else math.inf)
+    for suffix, narrow in variances.items():
+        var = np.broadcast_to(narrow, x.shape)
+        tiny = used & (var == var[used].min()) if used.any() else used
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            ratio = np.abs(d / actual)
+            for place, estimator, denominator in _PLACES:
+                eps = _median(estimator(ratio, var)[tiny])
+                fit = np.abs(d / denominator(var, eps) - actual) / np.abs(actual)
+                found[place + suffix] = (eps, float(fit[used].max()) if used.any() else math.inf)
     return found
 
 
