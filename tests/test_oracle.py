@@ -9,7 +9,7 @@ import pytest
 
 from conformance.case import Case
 from conformance.inputs import make_inputs
-from conformance.oracle import ORACLES, evaluate
+from conformance.oracle import evaluate
 
 # Norm-wise relative error for identities that hold exactly in real arithmetic and differ here only
 # by a few float64 roundings (~1e-16 each) of well-conditioned quantities.
