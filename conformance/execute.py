@@ -97,8 +97,9 @@ def _info(prepared: object) -> dict[str, object]:
     value = _stage("info", info)
     if not isinstance(value, Mapping):
         raise AdapterError(f"info() returned {type(value).__name__}, expected a mapping")
+    # Exact types only: a str or float subclass (torch's TorchVersion) would not cross xdist's wire.
     plain = (str, int, float, bool, type(None))
-    return {str(k): v if isinstance(v, plain) else str(v) for k, v in value.items()}
+    return {str(k): v if type(v) in plain else str(v) for k, v in value.items()}
 
 
 def _stage(stage: str, fn: Callable[[], T], *, passthrough: bool = False) -> T:
