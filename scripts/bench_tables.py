@@ -201,7 +201,8 @@ def extremes(recs: list[Rec], count: int = 5) -> list[str]:
 
 
 def noise(first: list[Rec], second: list[Rec]) -> list[str]:
-    """|median difference| between two identical runs, per shape group and overall."""
+    """|median difference| between two identical runs per shape group and overall, and the same for
+    the LayerNorm / RMSNorm time ratio of each backend, check, dtype and shape."""
     other = index(second)
     spreads: dict[str, list[float]] = defaultdict(list)
     for r in first:
@@ -210,8 +211,18 @@ def noise(first: list[Rec], second: list[Rec]) -> list[str]:
             change = abs(twin.median_s / r.median_s - 1)
             spreads[r.group].append(change)
             spreads["all"].append(change)
+    mine = index(first)
+    for r in first:
+        if r.op != "layer_norm":
+            continue
+        pair = [by.get((r.backend, r.check, "rms_norm", r.dtype, r.shape)) for by in (mine, other)]
+        twin = other.get((r.backend, r.check, r.op, r.dtype, r.shape))
+        if twin is not None and pair[0] is not None and pair[1] is not None:
+            spreads["LN/RMS ratio"].append(
+                abs((twin.median_s / pair[1].median_s) / (r.median_s / pair[0].median_s) - 1)
+            )
     rows = []
-    for group in (*GROUPS, "all"):
+    for group in (*GROUPS, "all", "LN/RMS ratio"):
         values = sorted(spreads.get(group, []))
         if not values:
             continue
@@ -220,7 +231,7 @@ def noise(first: list[Rec], second: list[Rec]) -> list[str]:
         rows.append(
             [group, str(len(values)), pct(statistics.median(values)), pct(q90), pct(values[-1]), str(beyond)]
         )
-    return table(["shapes", "benchmarks", "median abs diff", "90th pct", "max", "> 10%"], rows)
+    return table(["shapes", "figures", "median abs diff", "90th pct", "max", "> 10%"], rows)
 
 
 def session(data: dict[str, Any], recs: list[Rec]) -> list[str]:
