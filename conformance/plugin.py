@@ -96,6 +96,22 @@ def pytest_configure(config: pytest.Config) -> None:
             state.load_strict(name)
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``-n`` without an explicit ``--dist``, deal tests out by (backend, case signature), so a
+    backend exports or compiles each signature once per run instead of once per worker (see
+    conformance/scheduling.py). An explicit ``--dist MODE`` (``-d``, ``--dist=load``) is honoured."""
+    if config.getvalue("dist") != "load" or _dist_given(config.invocation_params.args):
+        return None
+    from conformance import scheduling  # needs xdist, present whenever this hook is called
+
+    return scheduling.SignatureScheduling(config, log, scheduling.scopes(config.stash[SETTINGS].cases))
+
+
+def _dist_given(args: tuple[str, ...]) -> bool:
+    return any(arg in ("-d", "--dist", "--distload") or arg.startswith("--dist=") for arg in args)
+
+
 BENCH = Path(__file__).resolve().parent / "bench"
 
 

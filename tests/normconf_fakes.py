@@ -263,6 +263,19 @@ class Nondeterministic(NumpyFake):
         return out
 
 
+@conformance.register("fake-prepare-log")
+class PrepareLog(NumpyFake):
+    """Correct; appends "pid case-id" per prepare() to $NORMCONF_FAKE_PREPARE_LOG, so a test can see
+    which worker prepared which case (signature grouping under xdist)."""
+
+    name = "fake-prepare-log"
+
+    def prepare(self, case: Case, inputs: dict[str, F], *, grad: bool) -> Prepared:
+        with open(os.environ["NORMCONF_FAKE_PREPARE_LOG"], "a") as log:
+            log.write(f"{os.getpid()} {case.id}\n")
+        return super().prepare(case, inputs, grad=grad)
+
+
 # ---------------------------------------------------------------------- robustness fakes
 def _selected(case: Case) -> bool:
     """The one case these fakes misbehave on; every other case runs correctly."""

@@ -1,0 +1,53 @@
+"""Signature grouping under pytest-xdist: the tests that share a backend's preparation go to one worker.
+
+Backends that compile or export (torch-compile, onnx-export) cache their work per process by the case's
+signature: every Case field except the shape and the input distribution. xdist's default ``load``
+distribution deals tests out one by one, so each worker pays for nearly every export and compile
+once more. Grouping a backend's tests by signature (xdist's ``loadscope`` machinery with normconf's
+own scope) pays for each once per run, and keeps the ``load`` behaviour for everything else: a test
+that is not a backend x case test is its own scope.
+
+Only imported when pytest-xdist is present (the plugin imports it from xdist's scheduler hook).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from xdist.scheduler import LoadScopeScheduling
+
+from conformance.case import Case
+
+_NODE = re.compile(r"::test_\w+\[(?P<backend>[a-z0-9-]+):(?P<case>[^\]]+)\]$")
+
+
+def signature(case: Case) -> str:
+    """What a backend's cached preparation can depend on: every field but the shape, dist and seed.
+
+    The shape stays out because the built-in caching backends key on a dynamic-shape signature
+    (torch-compile) or on the parameter shape (onnx-export, a finer key inside this group); eps stays
+    in because both specialize on it.
+    """
+    fields: tuple[object, ...] = (case.op, case.dtype, case.params, case.norm_ndim, case.weight, case.bias)
+    fields += (case.weight_offset, case.training, case.momentum, case.eps)
+    return "|".join(map(str, fields))
+
+
+def scopes(cases: Iterable[Case]) -> dict[str, str]:
+    """Case id -> signature, for the scheduler's lookups by node id."""
+    return {case.id: signature(case) for case in cases}
+
+
+class SignatureScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no type stubs
+    """``loadscope`` with the scope (backend, case signature); other tests are scopes of their own."""
+
+    def __init__(self, config: object, log: object, groups: Mapping[str, str]) -> None:
+        super().__init__(config, log)
+        self._groups = groups
+
+    def _split_scope(self, nodeid: str) -> str:
+        match = _NODE.search(nodeid)
+        if match is None or match["case"] not in self._groups:
+            return nodeid
+        return f"{match['backend']}::{self._groups[match['case']]}"
