@@ -37,6 +37,7 @@ class Rec:
     median_s: float
     gbps: float
     roofline: float
+    nbytes: int
 
     @property
     def rows(self) -> int:
@@ -69,6 +70,7 @@ def load(path: str, interpreted: bool = False) -> tuple[dict[str, Any], list[Rec
                 bench["stats"]["median"],
                 extra["gbps"],
                 extra["roofline_fraction"],
+                extra["bytes"],
             )
         )
     return data, recs
@@ -190,6 +192,7 @@ def precision(recs: list[Rec]) -> list[str]:
 
 
 def extremes(recs: list[Rec], count: int = 5) -> list[str]:
+    """The ``count`` highest and lowest roofline fractions among ``recs``."""
     ranked = sorted(recs, key=lambda r: r.roofline)
     chosen = [("best", r) for r in reversed(ranked[-count:])] + [("worst", r) for r in ranked[:count]]
     rows = [
@@ -255,6 +258,13 @@ def main() -> None:
     parser.add_argument("bench", help="pytest-benchmark JSON written by pytest conformance/bench")
     parser.add_argument("--noise", help="a second JSON of an identical run: report the median spread")
     parser.add_argument("--interpreted", action="store_true", help="keep interpreted backends' figures")
+    parser.add_argument(
+        "--dram-mib",
+        type=float,
+        default=64.0,
+        help="activation traffic (MiB) from which a benchmark counts as memory-bound: at least twice the"
+        " last-level cache (default 64, for a 32 MiB L3)",
+    )
     args = parser.parse_args()
     data, recs = load(args.bench, args.interpreted)
     sections = [
@@ -265,7 +275,11 @@ def main() -> None:
             fused_vs_composed(recs),
         ),
         ("Half precision vs float32 (time ratio; bytes say 0.5)", precision(recs)),
-        ("Best and worst roofline fractions", extremes(recs)),
+        ("Best and worst roofline fractions, every shape (cache-resident ones exceed 100%)", extremes(recs)),
+        (
+            f"Best and worst roofline fractions, memory-bound benchmarks (>= {args.dram_mib:g} MiB moved)",
+            extremes([r for r in recs if r.nbytes >= args.dram_mib * 2**20]),
+        ),
     ]
     if args.noise:
         sections.append(("Noise between the two runs", noise(recs, load(args.noise, args.interpreted)[1])))

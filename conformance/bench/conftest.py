@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from conformance import plugin
-from conformance.bench import runner, sweep
+from conformance.bench import allocator, runner, sweep
 from conformance.bench.runner import BenchConfig, BenchState
 from conformance.case import Case
 
@@ -49,6 +49,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="flush caches before every round: auto = on for non-CPU devices (default)",
     )
     group.addoption(
+        "--bench-malloc",
+        default="pinned",
+        choices=allocator.CHOICES,
+        help="glibc malloc policy for large blocks: pinned (reuse, no adaptive mmap threshold; default)"
+        " or default (see conformance/bench/allocator.py)",
+    )
+    group.addoption(
         "--bench-interpreted",
         action="store_true",
         help="also time backends that run interpreted (figures marked interpreted: true)",
@@ -81,7 +88,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # Before any backend loads, so libraries that read the variables at start-up see them.
     for name in THREAD_VARIABLES:
         os.environ[name] = str(threads)
-    config.stash[STATE] = BenchState(bench, config)
+    state = BenchState(bench, config)
+    state.allocator_choice = config.getoption("--bench-malloc")  # applied by the first case benchmark
+    config.stash[STATE] = state
 
 
 def _xdist(config: pytest.Config) -> bool:
