@@ -261,9 +261,9 @@ def main() -> None:
     parser.add_argument(
         "--dram-mib",
         type=float,
-        default=64.0,
-        help="activation traffic (MiB) from which a benchmark counts as memory-bound: at least twice the"
-        " last-level cache (default 64, for a 32 MiB L3)",
+        default=128.0,
+        help="activation traffic (MiB) from which a benchmark counts as memory-bound: at least four times the"
+        " last-level cache (default 128, four times a 32 MiB L3)",
     )
     args = parser.parse_args()
     data, recs = load(args.bench, args.interpreted)
