@@ -46,6 +46,25 @@ class SignatureScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist s
         super().__init__(config, log)
         self._groups = groups
 
+    def remove_node(self, node: object) -> str | None:
+        """A worker went away: its unfinished tests go back to the queue, except the one it crashed in.
+
+        xdist reports that test as crashed; ``loadscope`` would queue it again with the rest of its
+        scope, and a test that crashes its worker every time would then take down worker after worker.
+        """
+        workload = self.assigned_work.pop(node)
+        pending = [(scope, test) for scope, unit in workload.items() for test, ok in unit.items() if not ok]
+        if not pending:
+            return None
+        scope, crashed = pending[0]  # a worker runs its tests in order: the first unfinished one crashed
+        workload[scope][crashed] = True
+        for scope, unit in workload.items():
+            if not all(unit.values()):
+                self.workqueue[scope] = unit
+        for other in self.assigned_work:
+            self._reschedule(other)
+        return crashed
+
     def _split_scope(self, nodeid: str) -> str:
         match = _NODE.search(nodeid)
         if match is None or match["case"] not in self._groups:
