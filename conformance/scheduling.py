@@ -63,7 +63,7 @@ class SignatureScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist s
                 self.workqueue[scope] = unit
         for other in self.assigned_work:
             self._reschedule(other)
-        return crashed
+        return str(crashed)
 
     def _split_scope(self, nodeid: str) -> str:
         match = _NODE.search(nodeid)
