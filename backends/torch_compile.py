@@ -44,7 +44,8 @@ RECOMPILE_LIMIT = 64
 NOTES = {
     "compile": "torch.compile(backend='inductor', dynamic=True, fullgraph=True); one compiled function"
     " per (op, dtype, parameter signature, grad) shared by every shape; eps and size-1 dims recompile",
-    "info": "compile_s (first call of a prepare that compiled; 0 when cached), graphs_compiled, compile_key",
+    "info": "compile_s (canonical compile + first call of a prepare that compiled; 0 when cached),"
+    " graphs_compiled, compile_key, compiled_on (the canonical shape the graph was compiled on)",
     "ops": f"{OPS_VARIABLE} (default layer_norm,rms_norm,add_rms_norm; 'all' adds batch_norm, whose ci"
     " grid is ~136 more inductor graphs)",
 }
