@@ -62,7 +62,10 @@ class SignatureScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist s
             if not all(unit.values()):
                 self.workqueue[scope] = unit
         for other in self.assigned_work:
-            self._reschedule(other)
+            # A replacement worker whose collection has not arrived yet gets its work from schedule()
+            # once it does; assigning it now would fail on the missing collection.
+            if other in self.registered_collections:
+                self._reschedule(other)
         return str(crashed)
 
     def _split_scope(self, nodeid: str) -> str:
