@@ -262,10 +262,11 @@ class TorchCompile:
     def __init__(self) -> None:
         self._compiled: dict[tuple[str, str, bool, int, bool], Callable[..., Any]] = {}
         self._warmed: set[tuple[Case, bool]] = set()  # canonical cases already run, per grad
+        self._cache = _cache_dir()  # before anything compiles
 
     def capabilities(self) -> Capabilities:
         _require_compiler(common.device())
-        notes = {**common.LIBRARY_NOTES, **NOTES, "cache": _cache_dir()}
+        notes = {**common.LIBRARY_NOTES, **NOTES, "cache": self._cache}
         caps = common.capabilities(frozenset(FEATURES), notes)
         return dataclasses.replace(caps, ops=declared_ops())
 
@@ -278,7 +279,6 @@ class TorchCompile:
         return self._compiled[key], label
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
-        _cache_dir()
         tensors = _tensors(case, inputs, grad)
         # torch's own (eager) verdict on a dtype mix: the compiled graph must not accept more than torch.nn.
         common.probe(_eager, case, tensors)

@@ -23,7 +23,8 @@ SETTINGS = pytest.StashKey[Settings]()
 SHARD = pytest.StashKey[shard.Shard | None]()
 STATE = pytest.StashKey["RunState"]()
 PROPERTY = "normconf_result"
-_NODE = re.compile(r"::test_(?P<check>\w+)\[(?P<backend>[a-z0-9-]+):(?P<case>[^\]]+)\]$")
+# A suite test's node id: the check, then the backend and the case id (or a fingerprint/property name).
+NODE_ID = re.compile(r"::test_(?P<check>\w+)\[(?P<backend>[a-z0-9-]+):(?P<case>[^\]]+)\]$")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -311,7 +312,7 @@ def _enforce(result: Result) -> None:
 
 def _crash_record(state: RunState, report: pytest.TestReport) -> dict[str, Any] | None:
     """A test that died without a Result (worker crash, fixture error) still gets an error record."""
-    match = _NODE.search(report.nodeid)
+    match = NODE_ID.search(report.nodeid)
     if match is None:
         return None
     text = str(report.longrepr) if report.longrepr else "test failed without a result"

@@ -12,14 +12,12 @@ Only imported when pytest-xdist is present (the plugin imports it from xdist's s
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
 from xdist.scheduler import LoadScopeScheduling
 
 from conformance.case import Case
-
-_NODE = re.compile(r"::test_\w+\[(?P<backend>[a-z0-9-]+):(?P<case>[^\]]+)\]$")
+from conformance.plugin import NODE_ID
 
 
 def signature(case: Case) -> str:
@@ -69,7 +67,7 @@ class SignatureScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist s
         return str(crashed)
 
     def _split_scope(self, nodeid: str) -> str:
-        match = _NODE.search(nodeid)
+        match = NODE_ID.search(nodeid)
         if match is None or match["case"] not in self._groups:
             return nodeid
         return f"{match['backend']}::{self._groups[match['case']]}"

@@ -82,15 +82,14 @@ def pytest_configure(config: pytest.Config) -> None:
             interpreted=config.getoption("--bench-interpreted"),
             min_rounds=config.getoption("benchmark_min_rounds"),
             disabled=bool(config.getoption("benchmark_disable")) or _xdist(config),
+            malloc=config.getoption("--bench-malloc"),
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
     # Before any backend loads, so libraries that read the variables at start-up see them.
     for name in THREAD_VARIABLES:
         os.environ[name] = str(threads)
-    state = BenchState(bench, config)
-    state.allocator_choice = config.getoption("--bench-malloc")  # applied by the first case benchmark
-    config.stash[STATE] = state
+    config.stash[STATE] = BenchState(bench, config)
 
 
 def _xdist(config: pytest.Config) -> bool:

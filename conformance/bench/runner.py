@@ -41,6 +41,7 @@ class BenchConfig:
     interpreted: bool
     min_rounds: int
     disabled: bool
+    malloc: str  # --bench-malloc: what allocator.configure applies before the first case
 
     @classmethod
     def build(cls, *, profile: str, threads: int, budget_s: float, copy_mib: int, **rest: Any) -> BenchConfig:
@@ -71,9 +72,8 @@ class BenchState:
         self._pytest_config = pytest_config
         self._rooflines: dict[str, tuple[timing.Roofline, Prepared]] = {}
         self._cases: list[Case] | None = None
-        # The --bench-malloc choice, and what conformance/bench/allocator.py applied (once, lazily).
-        self.allocator_choice = "default"
-        self.allocator = "not applied yet"
+        # What conformance/bench/allocator.py applied for config.malloc (once, before the first case).
+        self.allocator: str | None = None
 
     @property
     def run_state(self) -> plugin.RunState:
@@ -116,8 +116,8 @@ class BenchState:
         case allocates: the copy keeps glibc's own large-block mapping, the fastest this machine
         copies with (pinned heap blocks copied ~15% slower here), so the roofline stays an upper
         bound; every case runs under the pinned policy."""
-        if self.allocator == "not applied yet":
-            self.allocator = allocator.configure(self.allocator_choice)
+        if self.allocator is None:
+            self.allocator = allocator.configure(self.config.malloc)
 
     def roofline(self, device: str) -> tuple[timing.Roofline, Prepared]:
         """The session's copy on ``device``, measured on first use (then reused by every benchmark)."""
@@ -161,7 +161,7 @@ class BenchState:
             "bench_profile": c.profile,
             "bench_time_s": c.budget_s,
             "rooflines": rooflines,
-            "allocator": self.allocator,
+            "allocator": self.allocator or "not applied yet",
         }
 
 
