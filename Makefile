@@ -32,8 +32,12 @@ bench: $(STAMP)
 	$(BIN)/pytest conformance/bench --benchmark-only --benchmark-json .normconf/bench.json
 	$(BIN)/python scripts/bench_tables.py .normconf/bench.json
 
+# ruff, and the import contracts of pyproject.toml (the layers of docs/architecture.md).
 lint: $(STAMP)
 	$(BIN)/ruff check conformance backends reports tests scripts
+	$(BIN)/ruff format --check conformance backends reports tests scripts
+	$(BIN)/lint-imports
 
+# mypy --strict over conformance, backends and reports (the settings are in pyproject.toml).
 types: $(STAMP)
 	$(BIN)/mypy

@@ -18,8 +18,8 @@ import onnx
 import onnxruntime as ort  # type: ignore[import-untyped]  # ships no type information
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state  # type: ignore[import-untyped]
 
-from conformance.backend import Capabilities, Outputs, Unsupported
-from conformance.dtypes import DTYPES
+from conformance.adapter.backend import Capabilities, Outputs, Unsupported
+from conformance.model.dtypes import DTYPES
 
 OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"})
 # ORT_ENABLE_ALL is ORT's default: the suite runs the graph users get, fusions included.

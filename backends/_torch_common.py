@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from backends._translate import offset_scale
-from conformance.backend import Capabilities, Inputs, Outputs, Unsupported
-from conformance.case import Case
-from conformance.dtypes import DTYPES
+from conformance.adapter.backend import Capabilities, Inputs, Outputs, Unsupported
+from conformance.model.case import Case
+from conformance.model.dtypes import DTYPES
 
 OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"})
 Forward = Callable[[], torch.Tensor]
@@ -246,7 +246,7 @@ def probe(build: Build, case: Case, tensors: Tensors) -> None:
     except RuntimeError as error:
         raise Unsupported(
             f"torch {torch.__version__} on {tensors.x.device.type} rejects op={case.op} with "
-            f"dtype={case.dtype} activations and param_dtype={case.params}: {error}"
+            f"dtype={case.dtype} activations and param_dtype={case.weight_dtype}: {error}"
         ) from error
 
 
@@ -363,7 +363,7 @@ def library_prepared(
     stats: RunningStats | None = None,
 ) -> TorchPrepared:
     """The Prepared of a library call (torch.nn, torch.nn.functional) on ``tensors``."""
-    params = torch_dtype(case.params)
+    params = torch_dtype(case.weight_dtype)
     # A translated weight (offset_scale) may be wider than the param dtype; its gradient is reported
     # in the param dtype, as torch would give it for a weight of that dtype.
     widened = weight is not None and weight.dtype != params
@@ -381,7 +381,7 @@ def prepare_library(build: Build, case: Case, inputs: Inputs, *, grad: bool) -> 
     """Load (translating Gemma's offset into the weight), check torch accepts the dtypes, build."""
     weight = None
     if case.weight_offset:
-        weight = offset_scale(inputs["weight"], case.weight_offset, case.params)
+        weight = offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype)
     tensors = load(case, inputs, grad=grad, weight=weight)
     probe(build, case, tensors)
     return build(case, tensors)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.dtypes import round_to
+from conformance.model.dtypes import round_to
 
 
 def offset_scale(weight: np.ndarray, offset: float, param_dtype: str) -> np.ndarray:

@@ -26,9 +26,16 @@ from backends import _ort
 from backends import _torch_common as common
 from backends._translate import offset_scale
 from backends.torch_nn import MODULES
-from conformance.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Prepared, Unsupported
-from conformance.case import Case
-from conformance.dtypes import numpy_dtype
+from conformance.adapter.backend import (
+    FEATURES,
+    BackendUnavailable,
+    Capabilities,
+    Inputs,
+    Prepared,
+    Unsupported,
+)
+from conformance.model.case import Case
+from conformance.model.dtypes import numpy_dtype
 
 OPSET_VARIABLE = "NORMCONF_ONNX_OPSET"
 DEFAULT_OPSET = 18
@@ -233,7 +240,7 @@ class OnnxExport:
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
         target = opset()
         values = _values(case, inputs)
-        dtype = common.torch_dtype(str(values["weight"].dtype) if "weight" in values else case.params)
+        dtype = common.torch_dtype(str(values["weight"].dtype) if "weight" in values else case.weight_dtype)
         # What the export depends on; leading dimensions and parameter values are run-time inputs.
         key: tuple[object, ...] = (case.op, case.dtype, str(dtype), len(case.shape), case.param_shape)
         key += (case.norm_ndim, case.weight, case.bias, case.eps, case.training, case.momentum, target)
@@ -274,7 +281,7 @@ def _values(case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
         name: inputs[name] for name in ("weight", "bias", "running_mean", "running_var") if name in inputs
     }
     if case.weight_offset:
-        values["weight"] = offset_scale(inputs["weight"], case.weight_offset, case.params)
+        values["weight"] = offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype)
     elif "weight" in _state_names(case) and not case.weight:
-        values["weight"] = np.ones(case.param_shape, numpy_dtype(case.params))
+        values["weight"] = np.ones(case.param_shape, numpy_dtype(case.weight_dtype))
     return values

@@ -18,9 +18,9 @@ from onnx import helper
 
 from backends import _ort
 from backends._translate import offset_scale
-from conformance.backend import FEATURES, Capabilities, Inputs, Prepared
-from conformance.case import Case
-from conformance.dtypes import numpy_dtype, stats_dtype
+from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Prepared
+from conformance.model.case import Case
+from conformance.model.dtypes import numpy_dtype, stats_dtype
 
 OPSETS = {"layer_norm": 17, "rms_norm": 23, "add_rms_norm": 23, "batch_norm": 15}
 # ORT's CPU LayerNormalization has kernels for stash_type FLOAT only, float64 inputs included (their
@@ -81,8 +81,8 @@ def x_shape(case: Case) -> list[int | str]:
 def scale_dtype(case: Case, inputs: Inputs) -> str:
     """The dtype the LN/RMS scale is held in: the parameter dtype, or wider where Gemma's 1 + w needs it."""
     if case.weight_offset:
-        return str(offset_scale(inputs["weight"], case.weight_offset, case.params).dtype)
-    return case.params
+        return str(offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype).dtype)
+    return case.weight_dtype
 
 
 def _row_norm(spec: Spec, op: str, compute: str, inputs: list[str]) -> None:
@@ -125,7 +125,7 @@ def rms_norm(spec: Spec, compute: str, backend: OnnxRuntime) -> None:
 
 
 def batch_norm(spec: Spec, compute: str, backend: OnnxRuntime) -> None:
-    case, p = spec.case, spec.case.params
+    case, p = spec.case, spec.case.weight_dtype
     channels = [case.shape[1]]
     # BatchNormalization requires scale and B: ones and zeros stand in for absent ones (exact).
     names = ["x", "weight", "bias", "running_mean", "running_var"]
@@ -165,7 +165,7 @@ def _unbiased_running_var(spec: Spec, backend: OnnxRuntime, prior: str, onnx_var
     dtype, rounded once to the parameter dtype.
     ``prior`` is v fed a second time, so no other node reads the input_var that ORT's kernel aliases.
     """
-    case, p = spec.case, spec.case.params
+    case, p = spec.case, spec.case.weight_dtype
     s = stats_dtype(p)
     size = spec.node("Size", ["x"], ["size"])[0]
     per_channel = spec.node("Div", [size, spec.node("Shape", ["x"], ["c"], start=1, end=2)[0]], ["count_i"])
@@ -199,10 +199,10 @@ def build(case: Case, compute: str, backend: OnnxRuntime) -> Spec:
 def feeds(case: Case, inputs: Inputs, compute: str) -> dict[str, np.ndarray]:
     """Graph inputs from the case's inputs, with the translations for parameters ONNX requires."""
     fed = {name: inputs[name] for name in ("x", "residual", "running_mean", "running_var") if name in inputs}
-    dtype = numpy_dtype(compute if case.op != "batch_norm" else case.params)
+    dtype = numpy_dtype(compute if case.op != "batch_norm" else case.weight_dtype)
     ones, zeros = np.ones(case.param_shape, dtype), np.zeros(case.param_shape, dtype)
     if case.weight_offset:
-        fed["weight"] = offset_scale(inputs["weight"], case.weight_offset, case.params)
+        fed["weight"] = offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype)
     else:
         fed["weight"] = inputs["weight"] if case.weight else ones
     if case.bias:
@@ -244,7 +244,7 @@ class OnnxRuntime:
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
         compute = scale_dtype(case, inputs)
         # What the graph depends on; leading dimensions and parameter values are run-time inputs.
-        key: tuple[object, ...] = (case.op, case.dtype, case.params, compute, tuple(x_shape(case)))
+        key: tuple[object, ...] = (case.op, case.dtype, case.weight_dtype, compute, tuple(x_shape(case)))
         key += (case.norm_ndim, case.bias, case.eps, case.training, case.momentum)
         built, hit = self._cache.get(key, lambda: self._build(case, compute))
         assert isinstance(built, Built), "the cache holds Built entries"

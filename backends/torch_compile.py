@@ -30,9 +30,9 @@ import torch.nn.functional as F
 
 from backends import _torch_common as common
 from backends._translate import offset_scale
-from conformance.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Outputs, Prepared
-from conformance.case import Case
-from conformance.inputs import make_inputs
+from conformance.adapter.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Outputs, Prepared
+from conformance.model.case import Case
+from conformance.model.inputs import make_inputs
 
 # BatchNorm's ci grid alone is ~136 separate inductor graphs (layouts x train/eval x momentum and eps
 # constants x dtypes x grad), minutes of C++ compilation on a small machine: declared only on request.
@@ -222,7 +222,7 @@ def _tensors(case: Case, inputs: Inputs, grad: bool) -> common.Tensors:
     """The case's tensors, with Gemma's 1 + w formed as torch-nn's adapter forms it."""
     weight = None
     if case.weight_offset:
-        weight = offset_scale(inputs["weight"], case.weight_offset, case.params)
+        weight = offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype)
     return common.load(case, inputs, grad=grad, weight=weight)
 
 

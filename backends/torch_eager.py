@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from backends import _torch_common as common
-from conformance.backend import FEATURES, Capabilities, Inputs, Prepared
-from conformance.case import Case
+from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Prepared
+from conformance.model.case import Case
 
 
 def _parameter(value: torch.Tensor | None) -> nn.Parameter | None:

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends import _torch_common as common
-from conformance.backend import FEATURES, Capabilities, Inputs, Prepared, Unsupported
-from conformance.case import Case
+from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Prepared, Unsupported
+from conformance.model.case import Case
 
 # torch.nn picks the BatchNorm class by input rank; each checks x.ndim in forward().
 _BATCH_NORMS: dict[int, type[nn.modules.batchnorm._BatchNorm]] = {
@@ -28,7 +28,7 @@ _BATCH_NORMS: dict[int, type[nn.modules.batchnorm._BatchNorm]] = {
 
 def _dtype(case: Case, tensors: common.Tensors) -> torch.dtype:
     """The module's parameter dtype: the (possibly widened, see offset_scale) weight's, else param dtype."""
-    return tensors.weight.dtype if tensors.weight is not None else common.torch_dtype(case.params)
+    return tensors.weight.dtype if tensors.weight is not None else common.torch_dtype(case.weight_dtype)
 
 
 def _load_affine(weight: torch.Tensor | None, bias: torch.Tensor | None, tensors: common.Tensors) -> None:

@@ -13,8 +13,8 @@ from importlib import metadata
 from typing import Any
 
 from backends.triton_kernels import blocks, mode
-from conformance.backend import BackendUnavailable, Capabilities, Inputs, Outputs
-from conformance.case import Case
+from conformance.adapter.backend import BackendUnavailable, Capabilities, Inputs, Outputs
+from conformance.model.case import Case
 
 OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm"})
 DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})

@@ -3,7 +3,7 @@
 Importing this package is cheap: it never imports torch, triton, onnx or any backend.
 """
 
-from conformance.backend import (
+from conformance.adapter.backend import (
     Backend,
     BackendUnavailable,
     Capabilities,
@@ -12,9 +12,9 @@ from conformance.backend import (
     Prepared,
     Unsupported,
 )
-from conformance.case import Case, CaseError
-from conformance.registry import register
-from conformance.results import SCHEMA_VERSION
+from conformance.adapter.registry import register
+from conformance.model.case import Case, CaseError
+from conformance.results.records import SCHEMA_VERSION
 
 __all__ = [
     "SCHEMA_VERSION",

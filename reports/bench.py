@@ -12,10 +12,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from conformance.benchjson import CHECKS, BenchFile, Benchmark
-from conformance.case import OPS
-from conformance.dtypes import DTYPES
-from conformance.runs import Run, worst
+from conformance.model.case import OPS
+from conformance.model.dtypes import DTYPES
+from conformance.results.benchjson import CHECKS, BenchFile, Benchmark
+from conformance.results.runs import Run, worst
 
 PALETTE_SIZE = 6
 
@@ -111,7 +111,7 @@ def _outcomes(runs: Sequence[Run]) -> dict[tuple[str, str], str]:
     seen: dict[tuple[str, str], list[str]] = {}
     for run in runs:
         for r in run.records:
-            seen.setdefault((str(r["backend"]), str(r["case"].get("id", ""))), []).append(str(r["outcome"]))
+            seen.setdefault((r.backend, r.case_id), []).append(r.outcome)
     return {k: worst(v) for k, v in seen.items()}
 
 
@@ -119,10 +119,7 @@ def _case_fields(runs: Sequence[Run]) -> dict[str, tuple[str, str]]:
     fields: dict[str, tuple[str, str]] = {}
     for run in runs:
         for r in run.records:
-            case = r["case"]
-            fields.setdefault(
-                str(case.get("id", "")), (str(case.get("op", "?")), str(case.get("dtype", "?")))
-            )
+            fields.setdefault(r.case_id, (r.op, r.dtype))
     return fields
 
 

@@ -1,13 +1,13 @@
-"""Run-to-run comparison for the report: every run against the first, through conformance.diff."""
+"""Run-to-run comparison for the report: every run against the first, through conformance.results.diff."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from conformance.benchjson import BenchFile
-from conformance.diff import Diff, Thresholds, diff
-from conformance.runs import Run
+from conformance.results.benchjson import BenchFile
+from conformance.results.diff import Diff, Thresholds, diff
+from conformance.results.runs import Run
 
 
 @dataclass(frozen=True)

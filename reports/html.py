@@ -15,9 +15,9 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
-from conformance.render import ReportInput
-from conformance.results import OUTCOMES
-from conformance.runs import Run
+from conformance.results.records import OUTCOMES
+from conformance.results.render import ReportInput
+from conformance.results.runs import Run
 from reports import bench, changes, sections, tables
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -95,7 +95,7 @@ def context(data: ReportInput) -> dict[str, Any]:
         "changes": changes.changes(runs, data.benches, data.thresholds),
         "thresholds": data.thresholds,
         "cases": case_rows,
-        "checks": tables.check_names(case_rows),
+        "checks": tables.check_names(runs, case_rows),
         "filters": _filters(runs, matrix),
         "outcomes": OUTCOMES,
     }

@@ -6,26 +6,29 @@ reproduce commands go in fenced blocks longer than any backtick run they contain
 
 from __future__ import annotations
 
-import re
+import itertools
 
-from conformance.diff import text as diff_text
-from conformance.render import ReportInput
-from conformance.results import OUTCOMES
-from conformance.runs import Run
+from conformance.results.diff import text as diff_text
+from conformance.results.records import OUTCOMES
+from conformance.results.render import ReportInput
+from conformance.results.runs import Run
 from reports import changes, sections, tables
 
 MAX_FAILURES = 20
 
 
+# Markdown's active characters, each escaped with a backslash; HTML's are entities (job summaries
+# render HTML).
+_ESCAPES = str.maketrans({**{c: "\\" + c for c in "\\`*_[]|#"}, "&": "&amp;", "<": "&lt;", ">": "&gt;"})
+
+
 def escape(value: object) -> str:
     """Plain text safe in a Markdown table cell: no HTML, no pipes, no line breaks, no emphasis."""
-    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    text = re.sub(r"([\\`*_\[\]|#])", r"\\\1", text)
-    return " ".join(text.split())
+    return " ".join(str(value).translate(_ESCAPES).split())
 
 
 def fence(text: str) -> list[str]:
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    longest = max((len(list(run)) for tick, run in itertools.groupby(text) if tick == "`"), default=0)
     ticks = "`" * max(3, longest + 1)
     return [f"{ticks}text", text, ticks]
 

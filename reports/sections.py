@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
-import re
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
 
-from conformance import ledger
-from conformance.backend import FEATURES
-from conformance.case import OPS, Case, CaseError
-from conformance.checks import CHECK_NAMES
-from conformance.diff import ratio
-from conformance.dtypes import DTYPES
-from conformance.runs import Run
-from reports.tables import COMPARED, Column, columns, ratio_text, tagged
-
-_LEDGER_REF = re.compile(r"ledger deviation\[(\d+)\]")
-_RULE_KEYS = re.compile(r"\b(op|output|dtype|dist)=(\S+)")
+from conformance.model.case import FEATURES, OPS, Case, CaseError
+from conformance.model.dtypes import DTYPES
+from conformance.results.records import BackendInfo, FileRef, LedgerEntry
+from conformance.results.runs import Run
+from reports.tables import COMPARED, Column, check_order, columns, ratio_text, tagged
 
 
 @dataclass(frozen=True)
@@ -36,40 +26,36 @@ class Environment:
 
 def environment(run: Run) -> Environment:
     h = run.header
-    env = h.get("environment") or {}
+    env = h.environment
     files = tuple(f"{f.path}" + (f" (shard {f.shard[0]}/{f.shard[1]})" if f.shard else "") for f in run.files)
     facts = [
-        ("time", str(h.get("time", ""))),
-        ("profile", str(h.get("profile") or f"cases file {h.get('cases_file')}")),
+        ("time", h.time),
+        ("profile", h.profile or f"cases file {h.cases_file}"),
         ("results", str(len(run.records))),
-        ("pytest exit status", ", ".join(str(f.header.get("exitstatus", "?")) for f in run.files)),
         (
-            "machine",
-            f"{env.get('machine', '')} · {env.get('processor', '')} · {env.get('cpu_count', '?')} CPUs",
+            "pytest exit status",
+            ", ".join("?" if f.header.exitstatus is None else str(f.header.exitstatus) for f in run.files),
         ),
-        ("platform", str(env.get("platform", ""))),
-        ("python", str(env.get("python", ""))),
-        ("git commit", str(env.get("git_commit") or "unknown")),
-        ("tolerances", _file_id(h.get("tolerances"))),
-        ("ledger", _file_id(h.get("ledger"))),
+        ("machine", f"{env.machine} · {env.processor} · {env.cpu_count or '?'} CPUs"),
+        ("platform", env.platform),
+        ("python", env.python),
+        ("git commit", h.git_commit or "unknown"),
+        ("tolerances", _file_id(h.tolerances)),
+        ("ledger", _file_id(h.ledger)),
     ]
-    packages = tuple((n, str(v)) for n, v in sorted((env.get("packages") or {}).items()) if v)
-    backends = tuple(_backend_line(name, caps) for name, caps in sorted((h.get("backends") or {}).items()))
+    packages = tuple((n, v) for n, v in sorted(env.packages.items()) if v)
+    backends = tuple(_backend_line(name, info) for name, info in sorted(h.backends.items()))
     return Environment(run.label, files, tuple(facts), packages, backends)
 
 
-def _file_id(info: Any) -> str:
-    if not isinstance(info, Mapping):
-        return "unknown"
-    return f"{info.get('path', '?')} (sha256 {str(info.get('sha256', ''))[:12]})"
+def _file_id(ref: FileRef | None) -> str:
+    return "unknown" if ref is None else f"{ref.path} (sha256 {ref.sha256[:12]})"
 
 
-def _backend_line(name: str, caps: Any) -> tuple[str, str]:
-    if not isinstance(caps, Mapping):
-        return name, "?"
-    if "unavailable" in caps:
-        return name, f"unavailable: {caps['unavailable']}"
-    return name, f"{caps.get('device', '?')} ({caps.get('device_name') or 'unnamed'})"
+def _backend_line(name: str, info: BackendInfo) -> tuple[str, str]:
+    if info.unavailable is not None:
+        return name, f"unavailable: {info.unavailable}"
+    return name, f"{info.device} ({info.device_name or 'unnamed'})"
 
 
 @dataclass(frozen=True)
@@ -84,26 +70,38 @@ class ToleranceRow:
     failing: int
     median_ratio: str
     max_ratio: str
+    rule: int | None = None
 
 
 def tolerances(runs: Sequence[Run]) -> list[ToleranceRow]:
     """The rules the comparisons used (as recorded with them), each with its why and headroom."""
-    grouped: dict[tuple[str, ...], list[float]] = {}
+    Key = tuple[str, str, str, str, str]
+    grouped: dict[Key, list[float]] = {}
+    keys: dict[Key, tuple[int | None, dict[str, str]]] = {}
     for run in runs:
         for record in run.records:
-            if record["outcome"] not in COMPARED:
+            if record.outcome not in COMPARED:
                 continue
-            for c in record.get("comparisons", []):
-                t = c.get("tolerance") or {}
-                k = tuple(str(t.get(f, "")) for f in ("source", "rtol", "atol", "cond", "why"))
-                value = ratio(c.get("worst_ratio"))
+            for c in record.comparisons:
+                t = c.tolerance
+                k: Key = (
+                    t.source,
+                    str(t.rtol),
+                    str(t.atol),
+                    str(t.cond),
+                    t.why,
+                )
+                keys.setdefault(k, (t.rule, dict(t.keys)))
+                value = c.worst_ratio
                 grouped.setdefault(k, []).append(math.inf if math.isnan(value) else value)
     rows = []
-    for (source, rtol, atol, cond, why), values in grouped.items():
+    for k, values in grouped.items():
+        source, rtol, atol, cond, why = k
+        rule, named = keys[k]
         rows.append(
             ToleranceRow(
                 source,
-                dict(_RULE_KEYS.findall(source)),
+                named,
                 rtol,
                 atol,
                 cond,
@@ -112,14 +110,10 @@ def tolerances(runs: Sequence[Run]) -> list[ToleranceRow]:
                 sum(v > 1 for v in values),
                 ratio_text(statistics.median(values)),
                 ratio_text(max(values)),
+                rule,
             )
         )
-    return sorted(rows, key=lambda r: (_rule_index(r.source), r.source))
-
-
-def _rule_index(source: str) -> int:
-    found = re.search(r"rule\[(\d+)\]", source)
-    return int(found[1]) if found else 1 << 30
+    return sorted(rows, key=lambda r: (1 << 30 if r.rule is None else r.rule, r.source))
 
 
 @dataclass(frozen=True)
@@ -143,88 +137,59 @@ class Deviations:
 
 def deviations(runs: Sequence[Run]) -> Deviations:
     """Ledger entries with how many results each covered in these runs and the measured band."""
-    seen: dict[int, dict[str, Any]] = {}
+    seen: dict[int, _Seen] = {}
     notes: list[str] = []
-    entries: dict[int, ledger.Deviation] = {}
+    entries: dict[int, LedgerEntry] = {}
     for run in runs:
-        loaded, note = _ledger_of(run)
-        if note:
-            notes.append(note)
-        entries.update({e.index: e for e in loaded})
+        header = run.header
+        if header.ledger_note:
+            notes.append(header.ledger_note)
+        entries.update({e.index: e for e in header.ledger_entries or ()})
         for record in run.records:
-            if record["outcome"] not in ("xfailed", "xpassed"):
+            if record.outcome not in ("xfailed", "xpassed"):
                 continue
-            for index in {int(i) for i in _LEDGER_REF.findall(str(record.get("reason", "")))}:
-                stats = seen.setdefault(index, {"xfailed": 0, "xpassed": 0, "ratios": [], "op": set()})
-                stats[str(record["outcome"])] += 1
-                stats["op"].add(str(record["case"].get("op", "")))
-                stats["ratios"] += [
-                    ratio(c.get("worst_ratio"))
-                    for c in record.get("comparisons", [])
-                    if not ratio(c.get("worst_ratio")) <= 1
-                ]
+            for index in record.ledger_entries:
+                stats = seen.setdefault(index, _Seen())
+                stats.outcomes[record.outcome] += 1
+                stats.ops.add(record.op)
+                stats.ratios += [c.worst_ratio for c in record.comparisons if not c.worst_ratio <= 1]
     rows = [_deviation_row(i, entries.get(i), seen.get(i)) for i in sorted(set(entries) | set(seen))]
     return Deviations(tuple(rows), tuple(dict.fromkeys(notes)))
 
 
-def _ledger_of(run: Run) -> tuple[tuple[ledger.Deviation, ...], str]:
-    info = run.header.get("ledger") or {}
-    path = Path(str(info.get("path", "")))
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return (
-            (),
-            f"{run.label}: ledger {path} is not readable here; entries are shown as the results cite them",
-        )
-    if hashlib.sha256(raw).hexdigest() != info.get("sha256"):
-        return (
-            (),
-            f"{run.label}: ledger {path} changed since the run; entries are shown as the results cite them",
-        )
-    try:
-        return ledger.load(path).entries, ""
-    except ledger.LedgerError as exc:
-        return (), f"{run.label}: {exc}"
+@dataclass
+class _Seen:
+    """What the results say of one ledger entry: outcomes it gave, ops, worst ratios beyond 1."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    ops: set[str] = field(default_factory=set)
+    ratios: list[float] = field(default_factory=list)
 
 
-def _deviation_row(
-    index: int, entry: ledger.Deviation | None, stats: Mapping[str, Any] | None
-) -> DeviationRow:
-    values = [v if not math.isnan(v) else math.inf for v in (stats or {}).get("ratios", [])]
+def _deviation_row(index: int, entry: LedgerEntry | None, stats: _Seen | None) -> DeviationRow:
+    stats = stats or _Seen()
+    values = [v if not math.isnan(v) else math.inf for v in stats.ratios]
     measured = f"{ratio_text(min(values))} .. {ratio_text(max(values))}" if values else ""
-    ops = sorted((stats or {}).get("op", set()))
+    ops = sorted(stats.ops)
+    xfailed, xpassed = stats.outcomes["xfailed"], stats.outcomes["xpassed"]
     if entry is None:
-        return DeviationRow(
-            index,
-            (),
-            "",
-            "(entry not available)",
-            "",
-            _n(stats, "xfailed"),
-            _n(stats, "xpassed"),
-            measured,
-            ops[0] if len(ops) == 1 else "",
-        )
+        op = ops[0] if len(ops) == 1 else ""
+        return DeviationRow(index, (), "", "(entry not available)", "", xfailed, xpassed, measured, op)
     match = tuple(
         (k, ", ".join(v) if k != "case" else f"{len(v)} case pattern(s)") for k, v in entry.match.items()
     )
-    op = entry.match.get("op", ())
+    entry_ops = entry.match.get("op", ())
     return DeviationRow(
         index,
         match,
         f"{entry.band[0]:g} .. {entry.band[1]:g}",
         entry.reason,
         entry.link if entry.link.startswith(("https://", "http://")) else "",
-        _n(stats, "xfailed"),
-        _n(stats, "xpassed"),
+        xfailed,
+        xpassed,
         measured,
-        op[0] if len(op) == 1 else "",
+        entry_ops[0] if len(entry_ops) == 1 else "",
     )
-
-
-def _n(stats: Mapping[str, Any] | None, key: str) -> int:
-    return int((stats or {}).get(key, 0))
 
 
 @dataclass(frozen=True)
@@ -270,15 +235,15 @@ def coverage(runs: Sequence[Run]) -> Coverage:
     counts: dict[tuple[str, str, str], dict[str, Counter[str]]] = {}
     cols = columns(runs)
     for col, record in tagged(runs, cols):
-        case = record["case"]
-        row = counts.setdefault((col.id, str(case.get("op", "?")), str(case.get("dtype", "?"))), {})
-        state = {"unsupported": "unsupported", "skipped": "skipped"}.get(str(record["outcome"]), "ran")
+        row = counts.setdefault((col.id, record.op, record.dtype), {})
+        state = {"unsupported": "unsupported", "skipped": "skipped"}.get(record.outcome, "ran")
         # Features are counted once per backend x case, on its forward check.
-        features = _features(case) if record["check"] == "forward" else ()
-        for item in (str(record["check"]), *features):
+        features = _features(record.case) if record.check == "forward" else ()
+        for item in (record.check, *features):
             row.setdefault(item, Counter())[state] += 1
     present = {item for row in counts.values() for item in row}
-    checks = [c for c in CHECK_NAMES if c in present] + sorted(present - set(CHECK_NAMES) - set(FEATURES))
+    order = check_order(runs)
+    checks = [c for c in order if c in present] + sorted(present - set(order) - set(FEATURES))
     items = (*checks, *(f for f in FEATURES if f in present and f not in checks))
     by_id = {c.id: c for c in cols}
     rows = tuple(
@@ -290,7 +255,7 @@ def coverage(runs: Sequence[Run]) -> Coverage:
         )
         for (col_id, op, dtype), row in sorted(counts.items(), key=lambda kv: _row_order(*kv[0]))
     )
-    headers = {run.label: run.header.get("backends") or {} for run in runs}
+    headers = {run.label: run.header.backends for run in runs}
     declared = tuple((c, _declared(headers[c.run].get(c.backend))) for c in cols)
     return Coverage(items, rows, declared)
 
@@ -306,7 +271,7 @@ def _row_order(col_id: str, op: str, dtype: str) -> tuple[int, int, int]:
 _FEATURE_CACHE: dict[str, tuple[str, ...]] = {}
 
 
-def _features(case: Mapping[str, Any]) -> tuple[str, ...]:
+def _features(case: Mapping[str, object]) -> tuple[str, ...]:
     """The capability features a recorded case needs (none if it is not a valid Case here)."""
     key = str(case.get("id", ""))
     if key not in _FEATURE_CACHE:
@@ -317,15 +282,13 @@ def _features(case: Mapping[str, Any]) -> tuple[str, ...]:
     return _FEATURE_CACHE[key]
 
 
-def _declared(caps: Any) -> str:
-    if not isinstance(caps, Mapping):
+def _declared(info: BackendInfo | None) -> str:
+    if info is None:
         return "not in the results header"
-    if "unavailable" in caps:
-        return f"unavailable: {caps['unavailable']}"
-    parts = [
-        f"{k}: {', '.join(map(str, caps.get(k) or [])) or '(none)'}" for k in ("ops", "dtypes", "features")
-    ]
-    limits = caps.get("limits") or {}
-    if limits:
-        parts.append("limits: " + ", ".join(f"{k}={v}" for k, v in limits.items()))
+    if info.unavailable is not None:
+        return f"unavailable: {info.unavailable}"
+    named = {"ops": info.ops, "dtypes": info.dtypes, "features": info.features}
+    parts = [f"{k}: {', '.join(v) or '(none)'}" for k, v in named.items()]
+    if info.limits:
+        parts.append("limits: " + ", ".join(f"{k}={v}" for k, v in info.limits.items()))
     return "; ".join(parts)

@@ -10,13 +10,11 @@ import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from conformance.case import OPS
-from conformance.checks import CHECK_NAMES
-from conformance.diff import first_line, ratio
-from conformance.dtypes import DTYPES
-from conformance.runs import Run, worst
+from conformance.model.case import OPS
+from conformance.model.dtypes import DTYPES
+from conformance.results.records import Result, figure
+from conformance.results.runs import Run, worst
 
 COMPARED: frozenset[str] = frozenset({"passed", "failed", "xfailed", "xpassed"})
 PROBLEMS: tuple[str, ...] = ("failed", "error", "xpassed")
@@ -41,29 +39,22 @@ def columns(runs: Sequence[Run]) -> list[Column]:
     ]
 
 
-def tagged(runs: Sequence[Run], cols: Sequence[Column]) -> Iterator[tuple[Column, Mapping[str, Any]]]:
+def tagged(runs: Sequence[Run], cols: Sequence[Column]) -> Iterator[tuple[Column, Result]]:
     """Every record with its column."""
     by_pair = {(c.run, c.backend): c for c in cols}
     for run in runs:
         for record in run.records:
-            yield by_pair[(run.label, str(record["backend"]))], record
+            yield by_pair[(run.label, record.backend)], record
 
 
-def eps_text(value: Any) -> str:
-    try:
-        return repr(float(value))
-    except (TypeError, ValueError):
-        return str(value)
+def eps_text(value: object) -> str:
+    number = figure(value)
+    return str(value) if math.isnan(number) else repr(number)
 
 
-def worst_ratio(records: Sequence[Mapping[str, Any]]) -> float | None:
+def worst_ratio(records: Sequence[Result]) -> float | None:
     """The largest worst_ratio over the compared outputs of these records (None if none compared)."""
-    values = [
-        ratio(c.get("worst_ratio"))
-        for r in records
-        if r["outcome"] in COMPARED
-        for c in r.get("comparisons", [])
-    ]
+    values = [c.worst_ratio for r in records if r.outcome in COMPARED for c in r.comparisons]
     values = [v if not math.isnan(v) else math.inf for v in values]
     return max(values) if values else None
 
@@ -96,8 +87,8 @@ class Cell:
         return sum(self.counts.get(o, 0) for o in PROBLEMS)
 
 
-def cell(records: Sequence[Mapping[str, Any]]) -> Cell:
-    counts = Counter(str(r["outcome"]) for r in records)
+def cell(records: Sequence[Result]) -> Cell:
+    counts = Counter(r.outcome for r in records)
     return Cell(worst(counts), dict(counts), worst_ratio(records))
 
 
@@ -123,16 +114,15 @@ class Matrix:
 def row_order(op: str, dtype: str, eps: str) -> tuple[int, int, float, str]:
     o = OPS.index(op) if op in OPS else len(OPS)
     d = DTYPES.index(dtype) if dtype in DTYPES else len(DTYPES)
-    return o, d, ratio(eps), op + dtype
+    return o, d, figure(eps), op + dtype
 
 
 def matrix(runs: Sequence[Run]) -> Matrix:
     """Backend columns x (op, dtype, eps) rows; each cell the worst outcome and largest worst_ratio."""
     cols = columns(runs)
-    groups: dict[tuple[str, str, str], dict[str, list[Mapping[str, Any]]]] = {}
+    groups: dict[tuple[str, str, str], dict[str, list[Result]]] = {}
     for col, record in tagged(runs, cols):
-        case = record["case"]
-        row = (str(case.get("op", "?")), str(case.get("dtype", "?")), eps_text(case.get("eps")))
+        row = (record.op, record.dtype, eps_text(record.case.get("eps")))
         groups.setdefault(row, {}).setdefault(col.id, []).append(record)
     rows = []
     for (op, dtype, eps), by_col in sorted(groups.items(), key=lambda kv: row_order(*kv[0])):
@@ -163,28 +153,34 @@ class CaseRow:
 
 
 def case_rows(runs: Sequence[Run]) -> list[CaseRow]:
-    grouped: dict[tuple[str, str], tuple[Column, Mapping[str, Any], dict[str, list[Mapping[str, Any]]]]] = {}
+    grouped: dict[tuple[str, str], tuple[Column, Result, dict[str, list[Result]]]] = {}
     for col, record in tagged(runs, columns(runs)):
-        case = record["case"]
-        entry = grouped.setdefault((col.id, str(case.get("id", "?"))), (col, case, {}))
-        entry[2].setdefault(str(record["check"]), []).append(record)
+        entry = grouped.setdefault((col.id, record.case_id), (col, record, {}))
+        entry[2].setdefault(record.check, []).append(record)
     rows = [
         CaseRow(
             col,
-            str(case.get("id", "?")),
-            str(case.get("op", "?")),
-            str(case.get("dtype", "?")),
-            eps_text(case.get("eps")),
+            first.case_id,
+            first.op,
+            first.dtype,
+            eps_text(first.case.get("eps")),
             {check: cell(records) for check, records in checks.items()},
         )
-        for col, case, checks in grouped.values()
+        for col, first, checks in grouped.values()
     ]
     return sorted(rows, key=lambda r: (row_order(r.op, r.dtype, r.eps), r.case_id, r.column.id))
 
 
-def check_names(rows: Sequence[CaseRow]) -> list[str]:
+def check_order(runs: Sequence[Run]) -> list[str]:
+    """The checks in the suite's order, as the runs' headers declare it."""
+    return list(dict.fromkeys(check for run in runs for check in run.header.checks))
+
+
+def check_names(runs: Sequence[Run], rows: Sequence[CaseRow]) -> list[str]:
+    """The checks present in ``rows``, in the suite's order, unknown ones last."""
     present = {check for row in rows for check in row.checks}
-    return [c for c in CHECK_NAMES if c in present] + sorted(present - set(CHECK_NAMES))
+    order = check_order(runs)
+    return [c for c in order if c in present] + sorted(present - set(order))
 
 
 @dataclass(frozen=True)
@@ -217,29 +213,28 @@ def failures(runs: Sequence[Run]) -> list[Failure]:
     """Every failed, errored and xpassed record with its full message and reproduce command."""
     found = []
     for col, record in tagged(runs, columns(runs)):
-        if record["outcome"] not in PROBLEMS:
+        if record.outcome not in PROBLEMS:
             continue
-        case = record["case"]
         figures = tuple(
             Figure(
-                str(c.get("output", "?")),
-                ratio_text(ratio(c.get("worst_ratio"))),
-                f"{c.get('mismatched', '?')} of {c.get('numel', '?')}",
-                str((c.get("tolerance") or {}).get("source", "")),
+                c.output,
+                ratio_text(c.worst_ratio),
+                f"{c.mismatched} of {c.numel}",
+                c.tolerance.source,
             )
-            for c in record.get("comparisons", [])
+            for c in record.comparisons
         )
         found.append(
             Failure(
                 col,
-                str(case.get("id", "?")),
-                str(case.get("op", "?")),
-                str(case.get("dtype", "?")),
-                str(record["check"]),
-                str(record["outcome"]),
-                first_line(str(record.get("reason", ""))),
-                str(record.get("reason", "")),
-                str(record.get("reproduce", "")),
+                record.case_id,
+                record.op,
+                record.dtype,
+                record.check,
+                record.outcome,
+                record.summary,
+                record.reason,
+                record.reproduce,
                 figures,
             )
         )
@@ -251,5 +246,5 @@ def totals(runs: Sequence[Run]) -> list[tuple[Column, Counter[str]]]:
     cols = columns(runs)
     counts: dict[str, Counter[str]] = {c.id: Counter() for c in cols}
     for col, record in tagged(runs, cols):
-        counts[col.id][str(record["outcome"])] += 1
+        counts[col.id][record.outcome] += 1
     return [(c, counts[c.id]) for c in cols]

@@ -12,22 +12,20 @@ import statistics
 import sys
 from collections import defaultdict
 
-from conformance.case import Case
-from conformance.checks import output_dtype
-from conformance.results import read
+from conformance.model.case import Case
+from conformance.model.outputs import output_dtype
+from conformance.results.records import load
 
 
 def main() -> None:
     figures: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for path in sys.argv[1:]:
-        _, records = read(path)
-        for record in records:
-            if record["outcome"] != "passed":
+        for record in load(path).results:
+            if record.outcome != "passed":
                 continue
-            case = Case.from_dict(record["case"])
-            for c in record["comparisons"]:
-                dtype = output_dtype(case, c["output"])
-                figures[(record["backend"], c["output"], dtype)].append(float(c["worst_ratio"]))
+            case = Case.from_dict(dict(record.case))
+            for c in record.comparisons:
+                figures[(record.backend, c.output, output_dtype(case, c.output))].append(c.worst_ratio)
     print("| backend | output | dtype | comparisons | median worst_ratio | max worst_ratio |")
     print("|---|---|---|---:|---:|---:|")
     for (backend, output, dtype), ratios in sorted(figures.items()):

@@ -4,7 +4,7 @@ Usage: python scripts/propose_ledger.py RESULTS.jsonl... [--backend NAME] > prop
 
 Each entry lists the exact failing case ids (so it stays strict: a listed case that starts passing is
 reported as xpassed) and a band of [1, 2 x the worst measured ratio]. The reason is left as TODO:
-a deviation goes into conformance/ledger.toml only once someone has understood and written it.
+a deviation goes into conformance/judging/ledger.toml only once someone has understood and written it.
 """
 
 from __future__ import annotations
@@ -13,11 +13,7 @@ import argparse
 import math
 from collections import defaultdict
 
-from conformance.results import read
-
-
-def _ratio(value: object) -> float:
-    return math.inf if value in ("inf", "nan") else float(value)  # type: ignore[arg-type]
+from conformance.results.records import load
 
 
 def main() -> None:
@@ -27,18 +23,16 @@ def main() -> None:
     args = parser.parse_args()
     groups: dict[tuple[str, ...], dict[str, float]] = defaultdict(dict)
     for path in args.results:
-        _, records = read(path)
-        for r in records:
-            if r["outcome"] not in ("failed", "xfailed") or (
-                args.backend and r["backend"] not in args.backend
-            ):
+        for r in load(path).results:
+            if r.outcome not in ("failed", "xfailed") or (args.backend and r.backend not in args.backend):
                 continue
-            case = r["case"]
-            for c in r["comparisons"]:
-                ratio = _ratio(c["worst_ratio"])
+            dist = str(r.case.get("dist", "?"))
+            for c in r.comparisons:
+                # A NaN figure (a non-finite output) needs the widest band, as inf does.
+                ratio = math.inf if math.isnan(c.worst_ratio) else c.worst_ratio
                 if ratio > 1:
-                    key = (r["backend"], r["check"], c["output"], case["op"], case["dtype"], case["dist"])
-                    groups[key][case["id"]] = max(ratio, groups[key].get(case["id"], 0.0))
+                    key = (r.backend, r.check, c.output, r.op, r.dtype, dist)
+                    groups[key][r.case_id] = max(ratio, groups[key].get(r.case_id, 0.0))
     for (backend, check, output, op, dtype, dist), cases in sorted(groups.items()):
         worst = max(cases.values())
         high = "inf" if math.isinf(worst) else f"{2 * worst:.3g}"

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from conformance import Case, registry
-from conformance.dtypes import numpy_dtype
-from conformance.inputs import make_inputs
+from conformance.model.dtypes import numpy_dtype
+from conformance.model.inputs import make_inputs
 
 OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 

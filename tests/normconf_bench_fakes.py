@@ -12,9 +12,9 @@ from typing import Any
 from normconf_fakes import NumpyFake, Prepared
 
 import conformance
-from conformance.backend import Capabilities
+from conformance.adapter.backend import Capabilities
 from conformance.bench.timing import NumpyCopy
-from conformance.case import Case
+from conformance.model.case import Case
 
 
 @conformance.register("fake-interpreted")

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 import conformance
-from conformance.backend import FEATURES, Capabilities
-from conformance.case import Case
-from conformance.dtypes import numpy_dtype, stats_dtype
+from conformance.adapter.backend import FEATURES, Capabilities
+from conformance.model.case import Case
+from conformance.model.dtypes import numpy_dtype, stats_dtype
 
 F = np.ndarray
 
@@ -152,7 +152,7 @@ class NumpyFake:
         return mean, var
 
     def _rounded(self, case: Case, out: dict[str, F]) -> dict[str, F]:
-        act, par = numpy_dtype(case.dtype), numpy_dtype(case.params)
+        act, par = numpy_dtype(case.dtype), numpy_dtype(case.weight_dtype)
         act_outputs = ("y", "dx", "residual_out")
         return {k: np.ascontiguousarray(v.astype(act if k in act_outputs else par)) for k, v in out.items()}
 

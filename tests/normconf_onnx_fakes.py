@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import conformance
 from backends.onnx_graphs import OnnxRuntime
-from conformance.case import Case
+from conformance.model.case import Case
 
 
 @conformance.register("fake-onnx-momentum")

@@ -13,8 +13,8 @@ from normconf_fakes import F, NumpyFake
 
 import conformance
 from conformance import oracle
-from conformance.case import Case
-from conformance.dtypes import numpy_dtype
+from conformance.model.case import Case
+from conformance.model.dtypes import numpy_dtype
 
 
 @conformance.register("fake-batch-statistics")
@@ -128,7 +128,7 @@ class _OraclePrepared:
     def __call__(self) -> None:
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             exact = oracle.evaluate(self.case, self.inputs, grad=self.grad)
-        act, par = numpy_dtype(self.case.dtype), numpy_dtype(self.case.params)
+        act, par = numpy_dtype(self.case.dtype), numpy_dtype(self.case.weight_dtype)
         self.result = {
             name: value.astype(act if name in ("y", "dx", "residual_out") else par)
             for name, value in exact.items()

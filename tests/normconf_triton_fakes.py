@@ -14,8 +14,8 @@ import numpy as np
 
 import conformance
 from backends.triton_kernels import blocks, mode
-from conformance.backend import Capabilities
-from conformance.case import Case
+from conformance.adapter.backend import Capabilities
+from conformance.model.case import Case
 
 mode.select()  # before Triton is imported: switches the interpreter on where there is no GPU
 

@@ -1,4 +1,8 @@
-"""Small hand-made results files for the report and CLI tests (no backend runs)."""
+"""Small hand-made results files for the report and CLI tests (no backend runs).
+
+Records are written in the current schema by default; ``schema=1`` writes the form schema 1 files
+had (no summary, ledger entry or rule fields: those lived only in the text), for the legacy reader.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance.results import SCHEMA_VERSION
+from conformance.results.records import SCHEMA_VERSION
+from conformance.results.text import summary_of
 
 EVIL = "layer_norm-<script>window.__pwned = 1</script>-x"
 BENCH_SMALL = Path(__file__).parent / "data" / "bench_small.json"
@@ -38,10 +43,18 @@ def case(op: str = "layer_norm", dtype: str = "float32", eps: float = 1e-5, **ex
     return fields
 
 
-def comparison(output: str = "y", worst_ratio: Any = 0.25) -> dict:
+def comparison(
+    output: str = "y", worst_ratio: Any = 0.25, ledger: int | None = None, schema: int = 2
+) -> dict:
     index = [o for names in OUTPUTS.values() for o in names].index(output)
     source = f"rule[{index}] output={output}"
-    return {
+    current = {
+        "ledger": ledger,
+        "rule": index,
+        "keys": {"output": output, "dtype": "float32"},
+        "file": "tolerances.toml",
+    }
+    record = {
         "output": output,
         "numel": 32,
         "mismatched": 0 if worst_ratio != "inf" and float(worst_ratio) <= 1 else 3,
@@ -59,6 +72,13 @@ def comparison(output: str = "y", worst_ratio: Any = 0.25) -> dict:
         },
         "problem": "",
     }
+    if schema == 1:
+        return record
+    return {
+        **record,
+        "ledger": current["ledger"],
+        "tolerance": {**record["tolerance"], **{k: current[k] for k in ("rule", "keys", "file")}},
+    }
 
 
 def result(
@@ -68,27 +88,37 @@ def result(
     outcome: str = "passed",
     ratios: tuple[Any, ...] = (0.25,),
     reason: str = "",
+    ledger: int | None = None,
+    schema: int = 2,
 ) -> dict[str, Any]:
+    """``ledger``: the ledger entry the record's compared outputs cite (xfailed, xpassed)."""
     compared = outcome in ("passed", "failed", "xfailed", "xpassed")
-    return {
+    outputs = OUTPUTS.get(check, ("y",))
+    record = {
         "kind": "result",
         "backend": backend,
         "case": the_case,
         "check": check,
         "outcome": outcome,
         "reason": reason,
-        "comparisons": [comparison(OUTPUTS.get(check, ("y",))[i], r) for i, r in enumerate(ratios)]
+        "comparisons": [comparison(outputs[i], r, ledger, schema) for i, r in enumerate(ratios)]
         if compared and check in OUTPUTS
         else [],
         "duration_s": 0.001,
         "reproduce": f"pytest 'conformance/suite/test_{check}.py::test_{check}[{backend}:{the_case['id']}]'",
     }
+    return record if schema == 1 else {**record, "summary": summary_of(reason)}
 
 
-def header(**extra: Any) -> dict[str, Any]:
+CHECKS = ["forward", "backward", "training", "inputs_unchanged", "determinism"]
+
+
+def header(schema: int = SCHEMA_VERSION, **extra: Any) -> dict[str, Any]:
+    current = {"checks": CHECKS} if schema != 1 else {}
     return {
         "kind": "header",
-        "schema": SCHEMA_VERSION,
+        "schema": schema,
+        **current,
         "time": "2026-01-01T00:00:00+00:00",
         "environment": {
             "machine": "x86_64",
@@ -122,12 +152,14 @@ def header(**extra: Any) -> dict[str, Any]:
     }
 
 
-def write(path: Path, records: list[dict[str, Any]], **header_extra: Any) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in [header(**header_extra), *records]))
+def write(
+    path: Path, records: list[dict[str, Any]], schema: int = SCHEMA_VERSION, **header_extra: Any
+) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in [header(schema, **header_extra), *records]))
     return path
 
 
-def standard_records() -> list[dict[str, Any]]:
+def standard_records(schema: int = SCHEMA_VERSION) -> list[dict[str, Any]]:
     """Two backends, two ops: passes, one failure, one xfailed (ledger 0), one unsupported, the evil id."""
     ln = case()
     rms = case("rms_norm", bias=False)
@@ -136,15 +168,25 @@ def standard_records() -> list[dict[str, Any]]:
         f"beta {ln['id']} [backward]\noutput 'dx' out of tolerance\n  worst at index (1, 2): <b>bold</b>\n"
         "  reproduce: pytest x"
     )
+    unsupported = "op=rms_norm not in declared ops ['layer_norm']"
     return [
-        result("alpha", ln),
-        result("alpha", ln, "backward", ratios=(0.5, 0.1)),
-        result("alpha", rms, outcome="unsupported", reason="op=rms_norm not in declared ops ['layer_norm']"),
-        result("beta", ln),
-        result("beta", ln, "backward", "failed", ratios=(3.5, 0.2), reason=failure_text),
-        result("beta", rms, "forward", "xfailed", ratios=(2.0,), reason="y: known (ledger deviation[0])"),
+        result("alpha", ln, schema=schema),
+        result("alpha", ln, "backward", ratios=(0.5, 0.1), schema=schema),
+        result("alpha", rms, outcome="unsupported", reason=unsupported, schema=schema),
+        result("beta", ln, schema=schema),
+        result("beta", ln, "backward", "failed", ratios=(3.5, 0.2), reason=failure_text, schema=schema),
         result(
-            "beta", evil, "forward", "failed", ratios=("inf",), reason=f"beta {EVIL} [forward]\nbad <script>"
+            "beta",
+            rms,
+            "forward",
+            "xfailed",
+            (2.0,),
+            "y: known (ledger deviation[0])",
+            ledger=0,
+            schema=schema,
+        ),
+        result(
+            "beta", evil, "forward", "failed", ("inf",), f"beta {EVIL} [forward]\nbad <script>", schema=schema
         ),
     ]
 
@@ -153,13 +195,14 @@ def ci_sized_records(
     backends: tuple[str, ...] = ("torch-eager", "torch-functional", "torch-nn"),
 ) -> list[dict]:
     """Records shaped like the ci profile over the CPU backends (every case x check), without running."""
-    from conformance import checks, profiles
+    from conformance.model import profiles
+    from conformance.running import checks
 
     records = []
     for i, c in enumerate(profiles.cases("ci")):
         for backend in backends:
-            for check in checks.CHECK_NAMES:
-                if not checks.APPLIES[check](c):
+            for check, spec in checks.CHECKS.items():
+                if not spec.applies(c):
                     continue
                 outcome = "failed" if (i * 7 + len(backend)) % 997 == 0 else "passed"
                 reason = f"{backend} {c.id} [{check}]\noutput 'y' out of tolerance\n" + "  details\n" * 6

@@ -9,10 +9,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conformance.backend import FEATURES, Backend, Unsupported
-from conformance.case import Case
-from conformance.dtypes import numpy_dtype, unit_roundoff
-from conformance.inputs import make_inputs
+from conformance.adapter.backend import FEATURES, Backend, Unsupported
+from conformance.model.case import Case
+from conformance.model.dtypes import numpy_dtype, unit_roundoff
+from conformance.model.inputs import make_inputs
 
 torch = pytest.importorskip("torch")
 common = pytest.importorskip("backends._torch_common")
@@ -126,11 +126,11 @@ def _expected_dtype(backend: str, case: Case, name: str) -> np.dtype[Any]:
         # parameters widen y; everything else returns activations in the activation dtype.
         widened = backend == "torch-eager" and case.op != "rms_norm" and name == "y"
         return (
-            np.promote_types(numpy_dtype(case.dtype), numpy_dtype(case.params))
+            np.promote_types(numpy_dtype(case.dtype), numpy_dtype(case.weight_dtype))
             if widened
             else (numpy_dtype(case.dtype))
         )
-    return numpy_dtype(case.params)
+    return numpy_dtype(case.weight_dtype)
 
 
 def _bits(outputs: dict[str, np.ndarray]) -> dict[str, bytes]:
@@ -142,7 +142,7 @@ def _prepare_or_skip(backend: Backend, case: Case, inputs: dict[str, np.ndarray]
     try:
         return backend.prepare(case, inputs, grad=grad)
     except Unsupported as reason:
-        if case.params == case.dtype or common.device().type == "cpu":
+        if case.weight_dtype == case.dtype or common.device().type == "cpu":
             raise
         pytest.skip(str(reason))
 
@@ -177,7 +177,7 @@ def test_outputs(name: str, case: Case, grad: bool) -> None:
         want = expected[key]
         err = np.max(np.abs(value.astype(np.float64) - want))
         # Rounding of the activations reaches every output, parameter gradients and stats included.
-        u = max(unit_roundoff(case.dtype), unit_roundoff(case.params))
+        u = max(unit_roundoff(case.dtype), unit_roundoff(case.weight_dtype))
         bound = BOUND_ULPS * u * max(1.0, float(np.max(np.abs(want))))
         assert err <= bound, f"{key}: max |error| {err:.3g} > test bound {bound:.3g}"
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import checks, ledger, tolerances
-from conformance.backend import BackendUnavailable, Unsupported
-from conformance.case import Case
-from conformance.inputs import make_inputs
+from conformance.adapter.backend import BackendUnavailable, Unsupported
+from conformance.judging import tolerances
+from conformance.model.case import Case
+from conformance.model.inputs import make_inputs
+from conformance.running import checks
+from conformance.running.settings import load_ledger
 
 torch = pytest.importorskip("torch")
 torch_compile = pytest.importorskip("backends.torch_compile")
@@ -41,7 +43,7 @@ def test_one_compile_serves_every_shape_of_a_key(backend) -> None:
 @pytest.mark.parametrize("check", ["forward", "backward"])
 def test_passes_the_suite_checks(backend, check: str) -> None:
     case = Case("add_rms_norm", (8, 96), "float32", 1e-5)
-    ctx = checks.Context(tolerances.load(), ledger.load(), timeout=300)
+    ctx = checks.CheckContext(tolerances.load(), load_ledger(), timeout=300)
     result = checks.run_check(check, backend, backend.capabilities(), case, ctx)
     assert result.outcome == "passed", result.reason
     assert "compile_s" in result.extra["info"]
@@ -91,8 +93,8 @@ def test_canonical_case_keeps_rank_size_one_dims_and_fields() -> None:
 ORDER_PROBE = """
 import hashlib, json, sys
 from backends.torch_compile import TorchCompile
-from conformance.case import Case
-from conformance.inputs import make_inputs
+from conformance.model.case import Case
+from conformance.model.inputs import make_inputs
 backend = TorchCompile()
 for fields in json.loads(sys.argv[1]):
     case = Case(**{**fields, "shape": tuple(fields["shape"])})

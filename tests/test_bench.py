@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from conformance import benchjson
 from conformance.bench import sweep
+from conformance.results import benchjson
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.bench.bytemodel import traffic
-from conformance.case import Case
+from conformance.model.case import Case
 
 
 def test_layer_norm_forward_reads_x_and_writes_y() -> None:

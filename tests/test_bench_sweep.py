@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance import profiles
 from conformance.bench import sweep, timing
+from conformance.model import profiles
 
 
 def test_sweep_covers_ops_dtypes_hidden_sizes_and_decode_rows() -> None:

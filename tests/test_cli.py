@@ -9,19 +9,20 @@ import sys
 import pytest
 from report_fixtures import BENCH_SMALL, EVIL, case, result, standard_records, write
 
-from conformance import cli, registry, runner
-from conformance.results import SCHEMA_VERSION
+from conformance.adapter import registry
+from conformance.cli import launch, main
+from conformance.results.records import SCHEMA_VERSION
 
 
 def normconf(*args, capsys):
-    status = cli.main([str(a) for a in args])
+    status = main.main([str(a) for a in args])
     out, err = capsys.readouterr()
     return status, out, err
 
 
 def test_help_lists_commands_and_exit_codes(capsys):
     with pytest.raises(SystemExit) as info:
-        cli.main(["--help"])
+        main.main(["--help"])
     out = capsys.readouterr().out
     assert info.value.code == 0
     for command in ("run", "report", "compare", "backends", "cases"):
@@ -32,7 +33,7 @@ def test_help_lists_commands_and_exit_codes(capsys):
 @pytest.mark.parametrize("command", ["run", "report", "compare", "backends", "cases"])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as info:
-        cli.main([command, "--help"])
+        main.main([command, "--help"])
     assert info.value.code == 0 and "exit status:" in capsys.readouterr().out
 
 
@@ -76,9 +77,9 @@ def _bad_files(tmp_path):
     [
         (("report", "{tmp}/missing.jsonl"), "missing.jsonl: cannot read results"),
         (("report", "{tmp}/corrupt.jsonl"), "corrupt.jsonl: corrupt results line"),
-        (("report", "{tmp}/v9.jsonl"), "v9.jsonl: schema=9 is not allowed; allowed: 1"),
-        (("report", "{tmp}/odd.jsonl"), "odd.jsonl: result 2: outcome='meh' is not allowed; allowed: passed"),
-        (("report", "{tmp}/nocase.jsonl"), "nocase.jsonl: result 1: case=None is not allowed"),
+        (("report", "{tmp}/v9.jsonl"), "v9.jsonl: schema=10 is not allowed; allowed: 1, 2"),
+        (("report", "{tmp}/odd.jsonl"), "odd.jsonl: line 3: outcome='meh' is not allowed; allowed: passed"),
+        (("report", "{tmp}/nocase.jsonl"), "nocase.jsonl: line 2: case=None is not allowed"),
         (("report", "{tmp}/ok.jsonl", "--format", "pdf"), "--format='pdf' is not allowed; allowed: html, md"),
         (
             ("report", "{tmp}/ok.jsonl", "--bench", "{tmp}/bench.json"),
@@ -89,7 +90,7 @@ def _bad_files(tmp_path):
             "--baseline='nope' is not allowed",
         ),
         (("report", "{tmp}/ok.jsonl", "--baseline", "alpha"), "(no --bench files given)"),
-        (("compare", "{tmp}/ok.jsonl", "{tmp}/v9.jsonl"), "schema=9 is not allowed"),
+        (("compare", "{tmp}/ok.jsonl", "{tmp}/v9.jsonl"), "schema=10 is not allowed"),
         (("compare", "{tmp}/ok.jsonl", "{tmp}/ok.jsonl", "--growth", "0.5"), "--growth=0.5"),
         (("cases", "--profile", "huge"), "--profile='huge' is not allowed; allowed: smoke, ci, full"),
         (("cases", "--op", "group_norm"), "--op='group_norm' is not allowed"),
@@ -109,7 +110,7 @@ def test_usage_errors_exit_2_with_a_clear_message(tmp_path, capsys, args, messag
 
 
 def test_bench_flag_without_benchmarks_is_a_usage_error(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(runner, "BENCH", tmp_path / "no-bench")
+    monkeypatch.setattr(launch, "BENCH", tmp_path / "no-bench")
     status, _, err = normconf("run", "--bench", "-o", tmp_path, capsys=capsys)
     assert status == 2 and "--bench: no benchmarks in this installation" in err
     assert not (tmp_path / "results.jsonl").exists()
@@ -117,7 +118,7 @@ def test_bench_flag_without_benchmarks_is_a_usage_error(tmp_path, capsys, monkey
 
 def test_argparse_errors_also_exit_2(capsys):
     with pytest.raises(SystemExit) as info:
-        cli.main(["compare", "only-one.jsonl"])
+        main.main(["compare", "only-one.jsonl"])
     assert info.value.code == 2 and "the following arguments are required: NEW" in capsys.readouterr().err
 
 
@@ -203,8 +204,9 @@ def test_backends_lists_registered_backends(capsys, monkeypatch):
 
 def test_conformance_never_imports_reports_or_jinja():
     code = (
-        "import sys, conformance.cli, conformance.render, conformance.runs, conformance.diff;"
-        "conformance.cli.build_parser();"
+        "import sys, conformance.cli.main, conformance.results.render, conformance.results.runs;"
+        "import conformance.results.diff;"
+        "conformance.cli.main.build_parser();"
         "banned = ('reports', 'jinja2', 'backends', 'torch');"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in banned))"
     )

@@ -10,15 +10,17 @@ import sys
 import pytest
 from conftest import ROOT, TESTS
 
-from conformance import profiles, runs, shard
-from conformance.runner import Display
+from conformance.cli.launch import Display
+from conformance.model import profiles
+from conformance.results import runs
+from conformance.running import shard
 
 
 def normconf(tmp_path, *args, env=None):
     paths = [str(TESTS), os.environ.get("PYTHONPATH", "")]
     full_env = {**os.environ, "CI": "1", "PYTHONPATH": os.pathsep.join(p for p in paths if p), **(env or {})}
     done = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", *map(str, args)],
+        [sys.executable, "-m", "conformance.cli.main", *map(str, args)],
         cwd=ROOT,
         env=full_env,
         capture_output=True,
@@ -132,12 +134,10 @@ def test_run_writes_results_report_summary_and_shards_merge(tmp_path):
     assert (shard1 / "summary.md").read_text().startswith("## normconf report")
     assert "passed" in (shard1 / "pytest.log").read_text()
     loaded = [runs.load([tmp_path / f"shard{k}" / "results.jsonl"])[0] for k in (1, 2)]
-    assert [r.header["shard"] for r in loaded] == [{"index": 1, "count": 2}, {"index": 2, "count": 2}]
-    assert all(
-        r["outcome"] == "passed" and r["backend"] == "fake-numpy" for run in loaded for r in run.records
-    )
+    assert [r.header.shard for r in loaded] == [(1, 2), (2, 2)]
+    assert all(r.outcome == "passed" and r.backend == "fake-numpy" for run in loaded for r in run.records)
     # The two shards split the cases between them: disjoint, and together every case once.
-    ids = [{r["case"]["id"] for r in run.records} for run in loaded]
+    ids = [{r.case_id for r in run.records} for run in loaded]
     expected = {
         c.id for c in profiles.cases("smoke") if c.dtype == "float32" and c.op in ("rms_norm", "layer_norm")
     }

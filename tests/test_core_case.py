@@ -1,4 +1,4 @@
-"""conformance.case: validation messages, bias defaults, stable ids, dict round-trips and derived shapes."""
+"""conformance.model.case: validation messages, bias defaults, stable ids, round-trips, derived shapes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import fields, replace
 
 import pytest
 
-from conformance import profiles
-from conformance.case import DISTS, OPS, Case, CaseError
-from conformance.dtypes import DTYPES
+from conformance.model import profiles
+from conformance.model.case import DISTS, OPS, Case, CaseError
+from conformance.model.dtypes import DTYPES
 
 
 def ln(**kw: object) -> Case:
@@ -350,5 +350,5 @@ def test_rows_and_param_shape(case, rows, param_shape):
 
 
 def test_params_defaults_to_dtype():
-    assert ln().params == "float32"
-    assert ln(dtype="float16", param_dtype="float32").params == "float32"
+    assert ln().weight_dtype == "float32"
+    assert ln(dtype="float16", param_dtype="float32").weight_dtype == "float32"

@@ -1,4 +1,4 @@
-"""conformance.casefile: JSON and TOML case files load; every bad file names itself and the entry."""
+"""conformance.model.casefile: JSON and TOML case files load; every bad file names itself and the entry."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from conformance.case import Case
-from conformance.casefile import CaseFileError, load
+from conformance.model.case import Case
+from conformance.model.casefile import CaseFileError, load
 
 LN = Case("layer_norm", (4, 8), "float32", 1e-5)
 BN = Case("batch_norm", (6, 3, 5), "bfloat16", 1e-5, training=True, momentum=None, bias=False)

@@ -1,14 +1,16 @@
-"""conformance.checks._judge: how the ledger turns comparisons into passed/failed/xfailed/xpassed."""
+"""conformance.judging.verdict.judge: how the ledger turns comparisons into passed/failed/xfailed/xpassed."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from conformance import ledger, tolerances
-from conformance.case import Case
-from conformance.checks import Context, _judge
-from conformance.compare import compare
+from conformance.judging import tolerances
+from conformance.judging.compare import compare
+from conformance.judging.verdict import judge
+from conformance.model.case import Case
+from conformance.running.checks import CheckContext
+from conformance.running.settings import load_ledger
 
 CASE = Case("layer_norm", (4, 8), "float32", 1e-5)
 EXPECTED = np.array([1.0, -2.0, 0.5, 4.0])
@@ -27,10 +29,14 @@ def ratio_of(table, output: str, ratio: float):
     return compare(output, actual, EXPECTED, tol, CASE.dtype)
 
 
-def context(tmp_path, table, body: str = "") -> Context:
+def _judge(backend, case, check, comparisons, ctx: CheckContext):
+    return judge(backend, case, check, comparisons, ctx.ledger, ctx.reproduce)
+
+
+def context(tmp_path, table, body: str = "") -> CheckContext:
     path = tmp_path / "ledger.toml"
     path.write_text(body)
-    return Context(table, ledger.load(path), timeout=10, reproduce="pytest x")
+    return CheckContext(table, load_ledger(path), timeout=10, reproduce="pytest x")
 
 
 def entry(output: str = "y", band: str = "[1, 2]", reason: str = "accumulates in float16") -> str:

@@ -1,4 +1,4 @@
-"""conformance.compare: hand-computed figures, NaN/Inf positions, the overflow rule and JSON output."""
+"""conformance.judging.compare: hand-computed figures, NaN/Inf positions, the overflow rule, JSON."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from conformance.compare import compare, jsonable
-from conformance.tolerances import Tolerance
+from conformance.judging.compare import compare
+from conformance.judging.tolerances import Tolerance
+from conformance.results.records import jsonable
 
 INF = math.inf
 NAN = math.nan
@@ -75,7 +76,7 @@ def test_effective_atol_adds_scale_and_conditioning():
     tol = Tolerance(rtol=0.0, atol=0.25, cond=16.0, source="t", why="w")
     c = compare("y", arr(1.5), arr(1.0), tol, "float32", scale=2.0, mean_error=2.0**-6, sensitivity=2.0)
     # atol_eff = 0.25 * 2 + 16 * 2**-6 * 2 = 0.5 + 0.5 = 1.0; |a - e| = 0.5
-    assert c.atol_effective == 1.0
+    assert c.tolerance.atol_effective == 1.0
     assert c.worst_ratio == 0.5
     assert (c.scale, c.mean_error, c.sensitivity) == (2.0, 2.0**-6, 2.0)
 

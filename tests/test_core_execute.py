@@ -1,4 +1,4 @@
-"""conformance.execute: the call deadline and the validation of what an adapter returns."""
+"""conformance.adapter.execute: the call deadline and the validation of what an adapter returns."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conformance.backend import Unsupported
-from conformance.case import Case
-from conformance.execute import AdapterError, CallTimeout, run_backend, with_deadline
+from conformance.adapter.backend import Unsupported
+from conformance.adapter.execute import AdapterError, CallTimeout, run_backend, with_deadline
+from conformance.model.case import Case
 
 CASE = Case("layer_norm", (2, 3), "float32", 1e-5)
 SHAPES = {"y": (2, 3)}
@@ -244,7 +244,7 @@ def test_prepared_info_is_recorded_when_given():
 
             return P()
 
-    from conformance.execute import run_backend
+    from conformance.adapter.execute import run_backend
 
     ran = run_backend(
         WithInfo(),

@@ -1,4 +1,4 @@
-"""conformance.inputs: deterministic, typed inputs whose distributions have their stated properties."""
+"""conformance.model.inputs: deterministic, typed inputs whose distributions have their stated properties."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conformance import profiles
-from conformance.case import DISTS, Case
-from conformance.dtypes import finfo, numpy_dtype
-from conformance.inputs import OFFSET_KAPPA, OUTLIER_VALUE, make_inputs
+from conformance.model import profiles
+from conformance.model.case import DISTS, Case
+from conformance.model.dtypes import finfo, numpy_dtype
+from conformance.model.inputs import OFFSET_KAPPA, OUTLIER_VALUE, make_inputs
 
 FP16_MAX = 65504.0
 
@@ -68,7 +68,8 @@ def test_inputs_are_bitwise_deterministic_across_calls(case):
 def test_inputs_do_not_depend_on_the_python_hash_seed():
     # Seeding must come from a digest of the id, never hash(): another process and hash seed agree.
     code = (
-        "import hashlib; from conformance.case import Case; from conformance.inputs import make_inputs\n"
+        "import hashlib; from conformance.model.case import Case;"
+        " from conformance.model.inputs import make_inputs\n"
         "i = make_inputs(Case('layer_norm', (6, 40), 'bfloat16', 1e-5, dist='outlier'))\n"
         "print(hashlib.sha256(b''.join(i[k].tobytes() for k in sorted(i))).hexdigest())\n"
     )
@@ -110,7 +111,7 @@ def test_names_dtypes_shapes_and_layout(case, grad):
     assert set(inputs) == expected_names(case, grad)
     for name, values in inputs.items():
         activation = name in ("x", "dy")
-        assert values.dtype == numpy_dtype(case.dtype if activation else case.params), name
+        assert values.dtype == numpy_dtype(case.dtype if activation else case.weight_dtype), name
         assert values.shape == (case.shape if activation else case.param_shape), name
         assert values.flags.c_contiguous, name
         assert np.isfinite(f64(values)).all(), name

@@ -1,4 +1,4 @@
-"""conformance.ledger: matching known deviations and rejecting malformed entries."""
+"""conformance.judging.ledger: matching known deviations and rejecting malformed entries."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import hashlib
 
 import pytest
 
-from conformance import ledger
-from conformance.case import Case
-from conformance.ledger import LedgerError, load
+from conformance.judging import ledger
+from conformance.judging.ledger import LedgerError
+from conformance.model.case import Case
+from conformance.running.settings import load_ledger
 
 LN = Case("layer_norm", (4, 8), "float32", 1e-5)
 RMS16 = Case("rms_norm", (4, 8), "float16", 1e-6, dist="offset")
@@ -26,7 +27,7 @@ ENTRY = '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nban
 
 
 def test_builtin_ledger_loads():
-    table = load()
+    table = load_ledger()
     assert table.path == str(ledger.default_path())
     assert table.sha256 == hashlib.sha256(ledger.default_path().read_bytes()).hexdigest()
     for entry in table.entries:
@@ -35,13 +36,13 @@ def test_builtin_ledger_loads():
 
 
 def test_empty_file_is_an_empty_ledger(tmp_path):
-    table = load(write(tmp_path, "# nothing known\n"))
+    table = load_ledger(write(tmp_path, "# nothing known\n"))
     assert table.entries == ()
     assert table.find("fake-a", LN, "forward", "y") is None
 
 
 def test_entry_fields_are_parsed(tmp_path):
-    table = load(
+    table = load_ledger(
         write(
             tmp_path,
             '[[deviation]]\nbackend = ["fake-a", "fake-b"]\ncheck = "backward"\noutput = "dx"\n'
@@ -102,7 +103,7 @@ def test_entry_fields_are_parsed(tmp_path):
     ids=["backend-check-output", "op", "dtype", "dist", "case-glob", "training", "eval"],
 )
 def test_matching(tmp_path, extra, matches, misses):
-    table = load(write(tmp_path, ENTRY + extra))
+    table = load_ledger(write(tmp_path, ENTRY + extra))
     for query in matches:
         assert table.find(*query) is table.entries[0], query
     for query in misses:
@@ -110,14 +111,14 @@ def test_matching(tmp_path, extra, matches, misses):
 
 
 def test_case_glob_matches_the_whole_id(tmp_path):
-    table = load(write(tmp_path, ENTRY + 'case = "layer_norm-float32"\n'))
+    table = load_ledger(write(tmp_path, ENTRY + 'case = "layer_norm-float32"\n'))
     assert table.find("fake-a", LN, "forward", "y") is None  # a prefix is not a match; globs are explicit
-    table = load(write(tmp_path, ENTRY + f'case = "{LN.id}"\n'))
+    table = load_ledger(write(tmp_path, ENTRY + f'case = "{LN.id}"\n'))
     assert table.find("fake-a", LN, "forward", "y") is not None
 
 
 def test_first_matching_entry_wins(tmp_path):
-    table = load(
+    table = load_ledger(
         write(tmp_path, ENTRY + 'dtype = "float16"\n' + ENTRY.replace('reason = "r"', 'reason = "second"'))
     )
     assert table.find("fake-a", RMS16, "forward", "y").index == 0
@@ -156,7 +157,7 @@ def test_first_matching_entry_wins(tmp_path):
 def test_malformed_entry_names_file_and_index(tmp_path, body, index, words):
     path = write(tmp_path, body)
     with pytest.raises(LedgerError) as info:
-        load(path)
+        load_ledger(path)
     message = str(info.value)
     assert message.startswith(f"{path}: deviation[{index}]: ")
     assert words in message
@@ -169,14 +170,14 @@ def test_malformed_entry_names_file_and_index(tmp_path, body, index, words):
 def test_unreadable_ledger_names_the_file(tmp_path, body, words):
     path = write(tmp_path, body)
     with pytest.raises(LedgerError) as info:
-        load(path)
+        load_ledger(path)
     assert str(info.value).startswith(f"{path}: ")
     assert words in str(info.value)
 
 
 def test_missing_ledger_names_the_file(tmp_path):
     with pytest.raises(LedgerError, match=r"absent\.toml: cannot read ledger"):
-        load(tmp_path / "absent.toml")
+        load_ledger(tmp_path / "absent.toml")
 
 
 @pytest.mark.parametrize(
@@ -193,5 +194,5 @@ def test_typo_in_an_entry_is_an_error_not_a_silent_mismatch(tmp_path, field, val
     entry[field] = value
     path = write(tmp_path, "[[deviation]]\n" + "".join(f"{k} = {v}\n" for k, v in entry.items()))
     with pytest.raises(LedgerError, match="deviation\\[0\\]") as info:
-        load(path)
+        load_ledger(path)
     assert words in str(info.value)

@@ -1,4 +1,4 @@
-"""conformance.profiles: the coverage the issue requires from the ci and full profiles, and grid hygiene."""
+"""conformance.model.profiles: the coverage of the ci and full profiles, and grid hygiene."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from conformance import profiles
-from conformance.case import DISTS
-from conformance.dtypes import DTYPES
+from conformance.model import profiles
+from conformance.model.case import DISTS
+from conformance.model.dtypes import DTYPES
 
 ROW_OPS = ("layer_norm", "rms_norm")
 
@@ -88,7 +88,7 @@ def test_ci_batch_norm_eval_and_training_with_momenta_and_none(ci):
 
 def test_ci_half_activations_with_float32_parameters(ci):
     for op in ("layer_norm", "rms_norm", "batch_norm"):
-        mixed = {c.dtype for c in ci if c.op == op and c.params == "float32" and c.dtype != "float32"}
+        mixed = {c.dtype for c in ci if c.op == op and c.weight_dtype == "float32" and c.dtype != "float32"}
         assert mixed >= {"float16", "bfloat16"}, op
 
 

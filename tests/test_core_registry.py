@@ -1,4 +1,4 @@
-"""conformance.registry: register(), entry points, duplicates, name rules, resolve() and Entry.load()."""
+"""conformance.adapter.registry: register(), entry points, duplicates, name rules, resolve(), Entry.load()."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import registry
-from conformance.registry import BackendLoadError, Entry, RegistryError, register, resolve
+from conformance.adapter import registry
+from conformance.adapter.registry import BackendLoadError, Entry, RegistryError, register, resolve
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""conformance.results: atomic JSON Lines writes and a reader that rejects what is not this schema."""
+"""conformance.results.records: atomic JSON Lines writes, typed records read back, schema versions."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from conformance import results
-from conformance.case import Case
-from conformance.results import SCHEMA_VERSION, Result, SchemaError, read, write_atomic
+from conformance.model.case import Case
+from conformance.results import records
+from conformance.results.records import SCHEMA_VERSION, Result, SchemaError, load, read_raw, write_atomic
 
 HEADER = {"kind": "header", "schema": SCHEMA_VERSION, "time": "2024-01-01T00:00:00+00:00", "environment": {}}
 
@@ -33,16 +33,17 @@ def test_write_then_read_round_trips(tmp_path):
     path = tmp_path / "out" / "results.jsonl"  # the parent is created
     records = [HEADER, result("passed"), result("failed", reason="y out of tolerance")]
     write_atomic(path, records)
-    header, rows = read(path)
+    header, rows = read_raw(path)
     assert header == HEADER
     assert rows == records[1:]
+    assert [r.to_dict() for r in load(path).results] == records[1:]
     assert leftovers(path.parent) == []
 
 
 def test_write_accepts_a_generator(tmp_path):
     path = tmp_path / "results.jsonl"
     write_atomic(path, (r for r in [HEADER, result()]))
-    assert len(read(path)[1]) == 1
+    assert len(load(path).results) == 1
 
 
 def test_failure_in_the_middle_keeps_the_old_file(tmp_path):
@@ -102,7 +103,7 @@ def test_successful_write_replaces_the_old_file(tmp_path):
         (lines(result()), "first record must be the header"),
         (lines(HEADER) + "{not json\n", "corrupt results line"),
         (lines(HEADER)[:-3] + "\n", "corrupt results line"),  # truncated header
-        (lines({**HEADER, "schema": 2}), "schema=2 is not allowed; allowed: 1"),
+        (lines({**HEADER, "schema": 3}), "schema=3 is not allowed; allowed: 1, 2"),
         (lines({**HEADER, "schema": "1"}), "schema='1' is not allowed"),
         (lines({k: v for k, v in HEADER.items() if k != "schema"}), "schema=None is not allowed"),
     ],
@@ -111,22 +112,22 @@ def test_read_rejects_with_the_file_name(tmp_path, text, words):
     path = tmp_path / "results.jsonl"
     path.write_text(text)
     with pytest.raises(SchemaError) as info:
-        read(path)
+        load(path)
     assert str(info.value).startswith(f"{path}: ")
     assert words in str(info.value)
 
 
 def test_read_missing_file_names_it(tmp_path):
     with pytest.raises(SchemaError, match=r"absent\.jsonl: cannot read results"):
-        read(tmp_path / "absent.jsonl")
+        load(tmp_path / "absent.jsonl")
 
 
-def test_read_skips_blank_lines_and_other_kinds(tmp_path):
+def test_read_skips_blank_lines_and_kinds_it_does_not_know(tmp_path):
     path = tmp_path / "results.jsonl"
     path.write_text(lines(HEADER) + "\n" + lines({"kind": "note", "text": "x"}, result()))
-    header, rows = read(str(path))
-    assert header == HEADER
-    assert [r["kind"] for r in rows] == ["result"]
+    loaded = load(str(path))
+    assert [r.check for r in loaded.results] == ["forward"]
+    assert (loaded.fingerprints, loaded.properties) == ((), ())
 
 
 @pytest.mark.parametrize(
@@ -136,7 +137,7 @@ def test_read_rejects_a_json_line_that_is_not_an_object(tmp_path, text):
     path = tmp_path / "results.jsonl"
     path.write_text(text)
     with pytest.raises(SchemaError, match=r"results\.jsonl"):
-        read(path)
+        load(path)
 
 
 # ---------------------------------------------------------------- records
@@ -154,9 +155,9 @@ def test_result_to_dict_shape():
 
 
 def test_header_carries_schema_and_environment(tmp_path):
-    header = results.header(tmp_path, tolerances_sha256="abc")
+    header = records.header(tmp_path, tolerances_sha256="abc")
     assert header["kind"] == "header"
-    assert header["schema"] == SCHEMA_VERSION == 1
+    assert header["schema"] == SCHEMA_VERSION == 2
     assert header["tolerances_sha256"] == "abc"
     assert header["environment"]["packages"]["numpy"]
     json.dumps(header, allow_nan=False)

@@ -1,4 +1,4 @@
-"""conformance.tolerances: the built-in matrix covers every comparison; malformed files are load errors."""
+"""conformance.judging.tolerances: the built-in matrix covers every comparison; bad files fail to load."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import itertools
 
 import pytest
 
-from conformance import tolerances
-from conformance.case import DISTS
-from conformance.dtypes import DTYPES
-from conformance.tolerances import ToleranceError, load
+from conformance.judging import tolerances
+from conformance.judging.tolerances import KEYS, ToleranceError, load
+from conformance.model.case import DISTS
+from conformance.model.dtypes import DTYPES
 
 COMPARED_OPS = ("layer_norm", "rms_norm", "batch_norm")
 COMPARED_OUTPUTS = ("y", "dx", "dweight", "dbias", "running_mean", "running_var")
@@ -211,15 +211,16 @@ def test_missing_file_names_it(tmp_path):
     assert isinstance(info.value.__cause__, OSError)
 
 
-def test_tolerance_to_dict(builtin):
+def test_tolerance_names_its_rule_by_index_and_keys(builtin):
     tol = builtin.lookup("layer_norm", "y", "float32", "normal")
-    assert tol.to_dict() == {
-        "rtol": tol.rtol,
-        "atol": tol.atol,
-        "cond": tol.cond,
-        "source": tol.source,
-        "why": tol.why,
-    }
+    rule = builtin.rules[tol.rule]
+    assert (tol.rtol, tol.atol, tol.cond, tol.why) == (rule.rtol, rule.atol, rule.cond, rule.why)
+    assert dict(tol.keys) == {k: v for k, v in zip(KEYS, rule.keys, strict=True) if v is not None}
+    assert tol.keys.get("output") == "y" and tol.file == "tolerances.toml"
+    # The rule is named by index and keys in text too, as messages show it.
+    assert tol.source == f"tolerances.toml rule[{tol.rule}] " + " ".join(
+        f"{k}={v}" for k, v in tol.keys.items()
+    )
 
 
 def test_infinite_tolerance_is_refused(tmp_path):

@@ -16,8 +16,11 @@ import pytest
 from conftest import ROOT, TESTS
 
 import conformance
-from conformance import bundle, checks, failures, tolerances
-from conformance.case import Case
+from conformance.failures import bundle
+from conformance.failures import shrink as failures
+from conformance.judging import tolerances
+from conformance.model.case import Case
+from conformance.running import checks
 
 TABLE = tolerances.load()
 
@@ -26,14 +29,14 @@ def _first(backend, case, check="forward"):
     names = {"forward": checks.forward_outputs, "backward": checks.grad_outputs}[check](case)
     grad = check == "backward"
     run = failures.runner(backend, names, grad, TABLE, 30)
-    inputs = conformance.inputs.make_inputs(case, grad=True)
+    inputs = conformance.model.inputs.make_inputs(case, grad=True)
     attempt = run(case, inputs if grad else {k: v for k, v in inputs.items() if k != "dy"})
     assert attempt is not None and attempt.failing
     return attempt, run
 
 
 def _fake(name):
-    return conformance.registry.entries()[name].load()
+    return conformance.adapter.registry.entries()[name].load()
 
 
 def test_a_row_failure_shrinks_to_one_row_of_one_feature():

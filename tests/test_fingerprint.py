@@ -13,7 +13,8 @@ import conformance
 from conformance import oracle
 from conformance.fingerprint import QUESTIONS, ask, classify, judge
 from conformance.fingerprint.emulate import REFERENCE, emulate
-from conformance.results import read, read_fingerprints, read_properties
+from conformance.results.records import load
+from conformance.running import checks
 
 # fake -> the answers that differ from the reference; every other question must get the reference.
 CONVENTIONS = {
@@ -50,7 +51,7 @@ DEFAULT_EPS = [name for name, q in QUESTIONS.items() if q.default_eps]
 
 
 def _backend(name):
-    return conformance.registry.entries()[name].load()
+    return conformance.adapter.registry.entries()[name].load()
 
 
 def _answers(backend):
@@ -178,7 +179,7 @@ def test_records_are_additive_result_kinds():
 
 
 torch_only = pytest.mark.skipif(
-    not any(name.startswith("torch") for name in conformance.registry.entries()),
+    not any(name.startswith("torch") for name in conformance.adapter.registry.entries()),
     reason="torch adapters absent",
 )
 
@@ -217,17 +218,18 @@ def test_suite_run_records_fingerprints_and_properties_and_prints_their_tables(s
         "smoke",
     )
     assert run.returncode == 1, run.output[-3000:]
-    answers = {(r["backend"], r["question"]): r for r in read_fingerprints(run.results)}
+    loaded = load(run.results)
+    answers = {(r.backend, r.question): r for r in loaded.fingerprints}
     assert {q for _, q in answers} == {n for n, q in QUESTIONS.items() if q.op == "layer_norm"}
-    assert answers["fake-bias-ignored", "layer_norm.bias"]["answer"] == "ignored"
-    assert answers["fake-numpy", "layer_norm.bias"]["evidence"]["ignored"] > 0.1
-    assert answers["fake-numpy", "layer_norm.default_eps"]["answer"] == "1e-05"
-    props = {(r["backend"], r["property"]): r for r in read_properties(run.results)}
-    assert props["fake-spreads-nan", "nonfinite_containment"]["outcome"] == "failed"
-    assert props["fake-spreads-nan", "nonfinite_containment"]["counterexample"]["rows"] >= 2
-    assert props["fake-numpy", "row_independence"]["bitwise"] is True
-    # results.read keeps returning only the per-case check results.
-    assert {r["kind"] for r in read(run.results)[1]} == {"result"}
+    assert answers["fake-bias-ignored", "layer_norm.bias"].answer == "ignored"
+    assert answers["fake-numpy", "layer_norm.bias"].evidence["ignored"] > 0.1
+    assert answers["fake-numpy", "layer_norm.default_eps"].answer == "1e-05"
+    props = {(r.backend, r.property): r for r in loaded.properties}
+    assert props["fake-spreads-nan", "nonfinite_containment"].outcome == "failed"
+    counterexample = props["fake-spreads-nan", "nonfinite_containment"].counterexample
+    assert counterexample is not None and counterexample["rows"] >= 2
+    assert props["fake-numpy", "row_independence"].bitwise is True
+    assert loaded.results and {r.check for r in loaded.results} <= set(checks.CHECK_NAMES)
     assert "ignored*" in run.output and "question" in run.output and "nonfinite_containment" in run.output
     invariant = "batch-invariant (bitwise): fake-bias-ignored (16 examples), fake-numpy (16 examples), "
     assert invariant + "fake-spreads-nan (16 examples)\n" in run.output

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance.backend import BackendUnavailable, Unsupported
-from conformance.case import Case
-from conformance.inputs import make_inputs
+from conformance.adapter.backend import BackendUnavailable, Unsupported
+from conformance.model.case import Case
+from conformance.model.inputs import make_inputs
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")

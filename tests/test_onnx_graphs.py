@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance.backend import Unsupported
-from conformance.case import Case
-from conformance.dtypes import unit_roundoff
-from conformance.inputs import make_inputs
+from conformance.adapter.backend import Unsupported
+from conformance.model.case import Case
+from conformance.model.dtypes import unit_roundoff
+from conformance.model.inputs import make_inputs
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -28,7 +28,7 @@ def _attrs(node):
 
 
 def _nodes(case, compute=None):
-    spec = graphs.build(case, compute or case.params, graphs.OnnxRuntime())
+    spec = graphs.build(case, compute or case.weight_dtype, graphs.OnnxRuntime())
     onnx.checker.check_model(spec.model(), full_check=True)
     return {node.op_type: node for node in spec.nodes}, spec
 

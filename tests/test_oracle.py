@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from conformance.case import Case
-from conformance.inputs import make_inputs
+from conformance.model.case import Case
+from conformance.model.inputs import make_inputs
 from conformance.oracle import evaluate
 
 # Norm-wise relative error for identities that hold exactly in real arithmetic and differ here only

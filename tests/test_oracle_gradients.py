@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conformance.case import Case
-from conformance.inputs import make_inputs
+from conformance.model.case import Case
+from conformance.model.inputs import make_inputs
 from conformance.oracle import evaluate
 
 # Norm-wise relative error allowed between analytic and central-difference gradients: truncation

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conformance.case import Case
-from conformance.inputs import make_inputs
+from conformance.model.case import Case
+from conformance.model.inputs import make_inputs
 from conformance.oracle import evaluate
 
 torch = pytest.importorskip("torch")

@@ -6,8 +6,14 @@ import json
 
 import pytest
 
-from conformance import profiles
-from conformance.results import SCHEMA_VERSION, read
+from conformance.model import profiles
+from conformance.results.records import SCHEMA_VERSION, read_raw
+
+
+def read(path):
+    """(header, result records) as the JSON the file holds."""
+    header, records = read_raw(path)
+    return header, [r for r in records if r["kind"] == "result"]
 
 
 def test_results_file_has_header_and_one_record_per_backend_case_check(suite):
@@ -29,6 +35,7 @@ def test_results_file_has_header_and_one_record_per_backend_case_check(suite):
         "check",
         "outcome",
         "reason",
+        "summary",
         "comparisons",
         "duration_s",
         "reproduce",
@@ -48,6 +55,14 @@ def test_results_file_has_header_and_one_record_per_backend_case_check(suite):
         "tolerance",
     }
     assert figures["tolerance"]["source"].startswith("tolerances.toml rule[") and figures["tolerance"]["why"]
+    # Everything a reader needs is a field of its own, never only text.
+    rule = figures["tolerance"]["rule"]
+    assert isinstance(rule, int) and figures["tolerance"]["source"].startswith(
+        f"tolerances.toml rule[{rule}]"
+    )
+    assert figures["tolerance"]["keys"].get("output") == "y" and figures["ledger"] is None
+    assert header["checks"] == ["forward", "backward", "training", "inputs_unchanged", "determinism"]
+    assert {e["index"] for e in header["ledger"]["entries"]} >= {0}
     assert "normconf" in run.output and "results:" in run.output
 
 

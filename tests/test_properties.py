@@ -14,19 +14,20 @@ from normconf_fakes import NumpyFake
 from normconf_property_fakes import BREAKS, OracleBackend
 
 import conformance
-from conformance import ledger, tolerances
-from conformance.properties import PROPERTIES, Context, Example, Outcome, Run, relate
-from conformance.property_runner import BUDGET, check
-from conformance.summary import batch_invariant
+from conformance.judging import ledger, tolerances
+from conformance.properties.catalog import PROPERTIES, Evaluation, Example, Outcome, PropertyContext, relate
+from conformance.properties.search import BUDGET, check
+from conformance.running.settings import load_ledger
+from conformance.running.summary import batch_invariant
 
 TABLE = tolerances.load()
-CTX = Context(TABLE, timeout=30, grad=True)
+CTX = PropertyContext(TABLE, timeout=30, grad=True)
 # Enough examples that every broken fake is found; the correct backends must survive the same draw.
 EXAMPLES = 20
 
 
 def _backend(name):
-    return conformance.registry.entries()[name].load()
+    return conformance.adapter.registry.entries()[name].load()
 
 
 @pytest.mark.parametrize("backend", [OracleBackend(), NumpyFake()], ids=["oracle", "fake-numpy"])
@@ -68,7 +69,7 @@ def test_batch_invariance_is_recorded_bitwise():
     assert result.bitwise is True
     leaky = _backend("fake-batch-statistics")
     failed = check(leaky, leaky.capabilities(), PROPERTIES["row_independence"], CTX, 8)
-    records = [result.to_dict(), failed.to_dict()]
+    records = [result, failed]
     assert batch_invariant(records) == ["fake-numpy"]
 
 
@@ -78,7 +79,7 @@ def test_a_ledger_entry_turns_known_property_failures_into_xfailed(tmp_path):
         '[[deviation]]\nbackend = "fake-variance-about-zero"\ncheck = "shift_invariance"\noutput = "y"\n'
         'op = "layer_norm"\nband = [1.0, inf]\nreason = "variance about zero"\n'
     )
-    known = ledger.load(path)
+    known = load_ledger(path)
     backend = _backend("fake-variance-about-zero")
     result = check(backend, backend.capabilities(), PROPERTIES["shift_invariance"], CTX, 8, known)
     assert result.outcome == "xfailed"
@@ -91,7 +92,7 @@ def test_an_unknown_property_name_in_the_ledger_is_an_error(tmp_path):
         '[[deviation]]\nbackend = "x"\ncheck = "shift_invariant"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
     )
     with pytest.raises(ledger.LedgerError, match="shift_invariant"):
-        ledger.load(path)
+        load_ledger(path)
 
 
 def test_budgets_are_fixed_per_profile():
@@ -111,7 +112,9 @@ def test_a_backend_without_the_ops_is_unsupported():
 
 def _run(values, allowance):
     values = np.asarray(values, dtype=np.float64)
-    return Run(None, {"y": values}, {"y": np.zeros_like(values)}, {"y": np.full_like(values, allowance)})
+    return Evaluation(
+        None, {"y": values}, {"y": np.zeros_like(values)}, {"y": np.full_like(values, allowance)}
+    )
 
 
 @settings(max_examples=50, derandomize=True, deadline=None, database=None)

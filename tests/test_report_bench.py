@@ -7,7 +7,7 @@ import json
 import pytest
 from report_fixtures import BENCH_SMALL, case, result, write
 
-from conformance import benchjson, diff, runs
+from conformance.results import benchjson, diff, runs
 from reports import bench
 
 SMALL = BENCH_SMALL

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 from report_fixtures import BENCH_SMALL, EVIL, case, ci_sized_records, result, standard_records, write
 
-from conformance import benchjson, render, runs
+from conformance.results import benchjson, render, runs
 from reports import html
 
 CHROMIUM = Path("/usr/bin/chromium")

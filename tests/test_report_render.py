@@ -8,7 +8,7 @@ import time
 import pytest
 from report_fixtures import BENCH_SMALL, EVIL, ci_sized_records, standard_records, write
 
-from conformance import benchjson, render, runs
+from conformance.results import benchjson, render, runs
 from reports import html, markdown
 
 

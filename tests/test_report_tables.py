@@ -8,7 +8,7 @@ import math
 import pytest
 from report_fixtures import EVIL, case, result, standard_records, write
 
-from conformance import runs
+from conformance.results import runs
 from reports import sections, tables
 
 
@@ -57,7 +57,7 @@ def test_case_rows_hold_each_check(one_run):
     row = by[("beta", "layer_norm-float32-4x8-eps1e-05-normal")]
     assert row.checks["forward"].outcome == "passed" and row.checks["backward"].outcome == "failed"
     assert row.outcome == "failed" and set(row.bo.split()) == {"c2/passed", "c2/failed"}
-    assert tables.check_names(rows) == ["forward", "backward"]
+    assert tables.check_names(one_run, rows) == ["forward", "backward"]
 
 
 def test_failures_keep_full_message_reproduce_and_figures(one_run):
@@ -92,28 +92,60 @@ def test_tolerance_table_groups_rules_with_headroom(one_run):
     assert (dweight.comparisons, dweight.failing) == (2, 0)
 
 
-def test_deviations_without_the_ledger_file_come_from_the_results(one_run):
+def test_deviations_come_from_the_ledger_entries_the_run_recorded(tmp_path):
+    entry = {
+        "index": 0,
+        "match": {"backend": ["beta"], "check": ["forward"], "output": ["y"], "op": ["rms_norm"]},
+        "band": [1.0, 4.0],
+        "reason": "beta rounds twice",
+        "link": "javascript:alert(1)",
+    }
+    ledger = {"path": "/nowhere/ledger.toml", "sha256": "1" * 64, "entries": [entry]}
+    d = sections.deviations(runs.load([write(tmp_path / "r.jsonl", standard_records(), ledger=ledger)]))
+    assert not d.notes  # the file is not needed: the run recorded its entries
+    (row,) = d.rows
+    assert row.reason == "beta rounds twice" and row.band == "1 .. 4" and row.op == "rms_norm"
+    assert ("backend", "beta") in row.match and row.xfailed == 1 and row.measured == "2 .. 2"
+    assert row.link == ""  # only http(s) links are made clickable
+
+
+def test_deviations_without_recorded_entries_come_from_the_results(one_run):
     d = sections.deviations(one_run)
+    assert [(r.index, r.xfailed, r.measured, r.reason) for r in d.rows] == [
+        (0, 1, "2 .. 2", "(entry not available)")
+    ]
+
+
+def test_schema_1_deviations_without_the_ledger_file_come_from_the_results(tmp_path):
+    d = sections.deviations(runs.load([write(tmp_path / "r.jsonl", standard_records(1), schema=1)]))
     assert [(r.index, r.xfailed, r.measured) for r in d.rows] == [(0, 1, "2 .. 2")]
     assert "not readable here" in d.notes[0]
 
 
-def test_deviations_with_the_run_ledger_show_its_entries(tmp_path):
+def test_schema_1_deviations_with_the_run_ledger_show_its_entries(tmp_path):
     ledger = tmp_path / "ledger.toml"
     ledger.write_text(
         '[[deviation]]\nbackend = "beta"\ncheck = "forward"\noutput = "y"\nop = "rms_norm"\n'
         'band = [1.0, 4.0]\nreason = "beta rounds twice"\nlink = "javascript:alert(1)"\n'
     )
     sha = hashlib.sha256(ledger.read_bytes()).hexdigest()
-    loaded = runs.load(
-        [write(tmp_path / "r.jsonl", standard_records(), ledger={"path": str(ledger), "sha256": sha})]
+    path = write(
+        tmp_path / "r.jsonl", standard_records(1), schema=1, ledger={"path": str(ledger), "sha256": sha}
     )
-    d = sections.deviations(loaded)
+    d = sections.deviations(runs.load([path]))
     assert not d.notes
     (row,) = d.rows
     assert row.reason == "beta rounds twice" and row.band == "1 .. 4" and row.op == "rms_norm"
     assert ("backend", "beta") in row.match and row.xfailed == 1
     assert row.link == ""  # only http(s) links are made clickable
+    ledger.write_text(ledger.read_text() + "# edited\n")
+    assert "changed since the run" in sections.deviations(runs.load([path])).notes[0]
+
+
+def test_schema_1_tolerance_rules_keep_their_keys(tmp_path):
+    y, dx, _ = sections.tolerances(runs.load([write(tmp_path / "r.jsonl", standard_records(1), schema=1)]))
+    assert y.keys == {"output": "y", "dtype": "float32"} and y.rule == 0
+    assert dx.source == "tolerances.toml rule[2] output=dx dtype=float32" and dx.rule == 2
 
 
 def test_coverage_counts_checks_and_features_and_unsupported(tmp_path):

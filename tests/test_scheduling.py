@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import profiles
-from conformance.case import Case
-from conformance.scheduling import SignatureScheduling, scopes, signature
+from conformance.model import profiles
+from conformance.model.case import Case
+from conformance.running.scheduling import SignatureScheduling, scopes, signature
 
 
 def _scheduler(cases: list[Case]) -> SignatureScheduling:

@@ -20,9 +20,10 @@ from conftest import ROOT  # noqa: E402
 
 from backends import triton_backend  # noqa: E402
 from backends.triton_kernels import mode  # noqa: E402
-from conformance import BackendUnavailable, Case, listing, registry  # noqa: E402
-from conformance.checks import produced  # noqa: E402
-from conformance.inputs import make_inputs  # noqa: E402
+from conformance import BackendUnavailable, Case  # noqa: E402
+from conformance.adapter import listing, registry  # noqa: E402
+from conformance.model.inputs import make_inputs  # noqa: E402
+from conformance.model.outputs import produced  # noqa: E402
 
 RUN = mode.select()
 BACKEND = triton_backend.TritonBackend()
@@ -65,7 +66,7 @@ def test_outputs_have_the_contract_keys_shapes_and_dtypes(case):
     for name, value in first.items():
         activation = name in ("y", "dx", "residual_out")
         assert value.shape == (case.shape if activation else case.param_shape)
-        expected = case.dtype if activation else case.params
+        expected = case.dtype if activation else case.weight_dtype
         assert value.dtype == (ml_dtypes.bfloat16 if expected == "bfloat16" else np.dtype(expected))
     prepared()
     second = prepared.outputs()

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from conformance.case import Case
-from conformance.dtypes import numpy_dtype
+from conformance.model.case import Case
+from conformance.model.dtypes import numpy_dtype
 
 CHECKS: tuple[str, ...] = ("forward", "backward")
 _STAT_BYTES = 4  # mean and rstd are float32 (float64 for float64 activations) in every reference kernel
@@ -62,7 +62,7 @@ def traffic(case: Case, check: str) -> Traffic:
     if check not in CHECKS:
         raise ValueError(f"check={check!r} is not allowed; allowed: {', '.join(CHECKS)}")
     tensor = math.prod(case.shape) * _itemsize(case.dtype)
-    param = math.prod(case.param_shape) * _itemsize(case.params)
+    param = math.prod(case.param_shape) * _itemsize(case.weight_dtype)
     forward = Traffic(_forward_tensors(case) * tensor, _forward_params(case) * param)
     if check == "forward":
         return forward

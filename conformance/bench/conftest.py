@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from conformance import plugin
-from conformance.bench import allocator, runner, sweep
-from conformance.bench.runner import BenchConfig, BenchState
-from conformance.case import Case
+from conformance.bench import allocator, measure, sweep
+from conformance.bench.measure import BenchConfig, BenchState
+from conformance.model.case import Case
+from conformance.running import plugin
 
 STATE = pytest.StashKey[BenchState]()
 # Read by OpenMP and MKL when torch (or another library) starts; torch adapters also apply it later.
@@ -123,7 +123,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         target = callspec.params.get("bench_target") if callspec is not None else None
         if target is None:
             return (0, 0, 0, 0)
-        check = runner.CHECKS.index(item.name.split("[", 1)[0].removeprefix("test_bench_"))
+        check = measure.CHECKS.index(item.name.split("[", 1)[0].removeprefix("test_bench_"))
         return (1, order[target[1].id], check, backends[target[0]])
 
     items.sort(key=key)
@@ -144,7 +144,7 @@ def bench_run(
     name, case = bench_target
 
     def run(check: str) -> None:
-        runner.run_case(state, plugin_state(request.config), benchmark, name, case, check)
+        measure.run_case(state, plugin_state(request.config), benchmark, name, case, check)
 
     return run
 
@@ -155,7 +155,7 @@ def bench_copy(request: pytest.FixtureRequest, benchmark: Any) -> Callable[[str]
     state = _state(request.config)
 
     def run(device: str) -> None:
-        runner.run_copy(state, benchmark, device)
+        measure.run_copy(state, benchmark, device)
 
     return run
 

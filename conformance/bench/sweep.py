@@ -8,9 +8,9 @@ their ratios are not at the mercy of the machine's drift over the minutes of a s
 
 from __future__ import annotations
 
-from conformance import profiles
-from conformance.case import Case
-from conformance.profiles import Grid
+from conformance.model import profiles
+from conformance.model.case import Case
+from conformance.model.profiles import Grid
 
 BENCH_PROFILES: tuple[str, ...] = ("sweep", "quick", "tiny", *profiles.PROFILES)
 OPS = ("layer_norm", "rms_norm", "add_rms_norm")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conformance.backend import Outputs, Prepared
+from conformance.adapter.backend import Outputs, Prepared
 
 # A round shorter than this repeats the call (iterations) so timer and loop overhead stay negligible.
 MIN_ROUND_S = 200e-6

@@ -1,7 +1,7 @@
 """Semantic fingerprints: which convention a backend implements, inferred from crafted probes.
 
 Each question (conformance.fingerprint.questions) runs one probe case through the backend, exactly
-as a check does (conformance.execute.run_backend: deadline, output validation), and measures the
+as a check does (conformance.adapter.execute.run_backend: deadline, output validation), and measures the
 outputs' distance to each hypothesis's NumPy emulation. The answer is the hypothesis that is within
 rounding noise and clearly closer than every other; otherwise "unmatched" or "ambiguous".
 """
@@ -11,19 +11,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from conformance.backend import Backend, Capabilities, Inputs, Prepared, Unsupported
-from conformance.case import Case
-from conformance.checks import output_shape, produced
-from conformance.compare import jsonable
-from conformance.execute import AdapterError, run_backend
+from conformance.adapter.backend import Backend, Capabilities, Inputs, Prepared, Unsupported
+from conformance.adapter.execute import AdapterError, run_backend
 from conformance.fingerprint.cases import Probe
 from conformance.fingerprint.emulate import emulate
 from conformance.fingerprint.questions import QUESTIONS, Question
+from conformance.model.case import Case
+from conformance.model.outputs import output_shape, produced
+from conformance.results.records import FingerprintRecord
 
 __all__ = ["QUESTIONS", "SEPARATION", "Fingerprint", "ask", "classify", "judge"]
 
@@ -37,46 +37,6 @@ class Judgement:
     matched: bool
     evidence: dict[str, float]
     estimate: float | None = None
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """One backend's answer to one question, with the evidence (error under each hypothesis)."""
-
-    backend: str
-    question: str
-    outcome: str  # answered | unsupported | skipped | error
-    answer: str = ""
-    matched: bool = False
-    reference: str = ""
-    evidence: Mapping[str, float] = field(default_factory=dict)
-    metric: str = ""
-    noise: float = 0.0
-    probe: Mapping[str, Any] = field(default_factory=dict)
-    reason: str = ""
-    estimate: float | None = None
-    duration_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        record: dict[str, Any] = {
-            "kind": "fingerprint",
-            "backend": self.backend,
-            "question": self.question,
-            "outcome": self.outcome,
-            "answer": self.answer,
-            "matched": self.matched,
-            "reference": self.reference,
-            "evidence": {name: jsonable(error) for name, error in self.evidence.items()},
-            "metric": self.metric,
-            "noise": self.noise,
-            "probe": self.probe.get("id", ""),
-            "probe_case": dict(self.probe),
-            "reason": self.reason,
-            "duration_s": round(self.duration_s, 6),
-        }
-        if self.estimate is not None:
-            record["estimate"] = jsonable(self.estimate)
-        return record
 
 
 def classify(evidence: Mapping[str, float], noise: float) -> tuple[str, bool]:
@@ -216,13 +176,13 @@ class _DefaultEps:
         return prepared
 
 
-def ask(backend: Backend, caps: Capabilities, question: Question, timeout: float) -> Fingerprint:
+def ask(backend: Backend, caps: Capabilities, question: Question, timeout: float) -> FingerprintRecord:
     """Run ``question``'s probe through ``backend`` and judge the outputs; never raises for the adapter."""
     start = time.perf_counter()
     probe = question.probe()
 
-    def record(outcome: str, reason: str = "", **fields: Any) -> Fingerprint:
-        return Fingerprint(
+    def record(outcome: str, reason: str = "", **fields: Any) -> FingerprintRecord:
+        return FingerprintRecord(
             backend.name,
             question.name,
             outcome,

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from conformance.case import Case
-from conformance.dtypes import finfo, round_to
 from conformance.fingerprint import probes
+from conformance.model.case import Case
+from conformance.model.dtypes import finfo, round_to
 
 
 @dataclass(frozen=True)

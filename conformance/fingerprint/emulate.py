@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conformance.case import Case
-from conformance.dtypes import round_to
+from conformance.model.case import Case
+from conformance.model.dtypes import round_to
 
 Array = np.ndarray
 Round = Callable[[Array], Array]
@@ -164,7 +164,7 @@ def _affine(
     if weight is not None:
         offset = case.weight_offset if conv.offset == "applied" else 0.0
         # Gemma forms 1 + w in float32 (float64 parameters stay float64).
-        wide = "float64" if case.params == "float64" else "float32"
+        wide = "float64" if case.weight_dtype == "float64" else "float32"
         scale = rounder(wide)(weight + offset) if offset else weight
     y = xhat
     if scale is not None:
@@ -186,7 +186,7 @@ def _running(
     batch_var = var.reshape(-1)
     if conv.running_var == "unbiased":
         batch_var = batch_var * (count / (count - 1))
-    r32, rp = rounder("float32"), rounder(case.params)
+    r32, rp = rounder("float32"), rounder(case.weight_dtype)
     rm = np.asarray(inputs["running_mean"], dtype=np.float64)
     rv = np.asarray(inputs["running_var"], dtype=np.float64)
     return {

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.case import Case
-from conformance.dtypes import round_to, unit_roundoff
+from conformance.model.case import Case
+from conformance.model.dtypes import round_to, unit_roundoff
 
 Inputs = dict[str, np.ndarray]
 
@@ -19,9 +19,9 @@ def _params(case: Case, *, weight: np.ndarray | None = None, bias: np.ndarray | 
     shape = case.param_shape
     params: Inputs = {}
     if case.weight:
-        params["weight"] = round_to(np.ones(shape) if weight is None else weight, case.params)
+        params["weight"] = round_to(np.ones(shape) if weight is None else weight, case.weight_dtype)
     if case.bias:
-        params["bias"] = round_to(np.zeros(shape) if bias is None else bias, case.params)
+        params["bias"] = round_to(np.zeros(shape) if bias is None else bias, case.weight_dtype)
     return params
 
 
@@ -47,8 +47,8 @@ def channels(
     return {
         "x": round_to(np.asarray(columns, dtype=np.float64), case.dtype),
         **_params(case, **params),
-        "running_mean": round_to(rm, case.params),
-        "running_var": round_to(rv, case.params),
+        "running_mean": round_to(rm, case.weight_dtype),
+        "running_var": round_to(rv, case.weight_dtype),
     }
 
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from conformance.case import Case
-from conformance.dtypes import ulp, unit_roundoff
 from conformance.fingerprint import cases
 from conformance.fingerprint.cases import Probe
 from conformance.fingerprint.emulate import REFERENCE, Convention, emulate
+from conformance.model.case import Case
+from conformance.model.dtypes import ulp, unit_roundoff
 
 Family = tuple[Convention, ...]
 # Half the distance to a rounding boundary a masked element must keep, in ulps of the output dtype:

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from conformance.case import Case
+from conformance.model.case import Case
 from conformance.oracle import add_rms_norm, batch_norm, layer_norm, rms_norm
 from conformance.oracle.layer_norm import Array
 

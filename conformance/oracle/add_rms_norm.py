@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from conformance.case import Case
-from conformance.dtypes import round_to
+from conformance.model.case import Case
+from conformance.model.dtypes import round_to
 from conformance.oracle import rms_norm
 from conformance.oracle.layer_norm import Array
 

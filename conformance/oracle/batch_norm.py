@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from conformance.case import Case
+from conformance.model.case import Case
 from conformance.oracle.layer_norm import (
     Array,
     Axes,

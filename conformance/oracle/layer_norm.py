@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import NDArray
 
-from conformance.case import Case
+from conformance.model.case import Case
 
 Array = NDArray[np.float64]
 Axes = tuple[int, ...]

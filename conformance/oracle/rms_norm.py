@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from conformance.case import Case
+from conformance.model.case import Case
 from conformance.oracle.layer_norm import (
     Array,
     Axes,

@@ -1,4 +1,4 @@
-"""Parametrization and fixtures of the per-backend suite files: fingerprint questions and properties.
+"""Parametrization and fixtures of the per-backend suite files: fingerprint questions and catalog.
 
 The per-case checks are parametrized by the plugin (backend x case); these two are backend x question
 and backend x property. Their records join the results file as ``kind: "fingerprint"`` and
@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from conformance import fingerprint, plugin, properties, property_runner
+from conformance import fingerprint
+from conformance.properties import catalog, search
+from conformance.results.records import FingerprintRecord, PropertyRecord
+from conformance.running import outcomes, plugin
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -24,20 +27,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         targets = [(b, q) for q in questions for b in settings.backends]
         metafunc.parametrize("normconf_question", targets, ids=[f"{b}:{q.name}" for b, q in targets])
     if "normconf_property" in metafunc.fixturenames:
-        props = [p for p in properties.PROPERTIES.values() if ops & set(p.ops)]
+        props = [p for p in catalog.PROPERTIES.values() if ops & set(p.ops)]
         pairs = [(b, p) for p in props for b in settings.backends]
         metafunc.parametrize("normconf_property", pairs, ids=[f"{b}:{p.name}" for b, p in pairs])
 
 
 def _record(request: pytest.FixtureRequest, record: dict[str, Any]) -> None:
     request.node.user_properties.append((plugin.PROPERTY, record))
-    outcome, reason = record["outcome"], record["reason"]
-    if outcome in ("failed", "error"):
-        pytest.fail(f"{outcome}: {reason}", pytrace=False)
-    if outcome in ("skipped", "unsupported"):
-        pytest.skip(f"{outcome}: {reason}")
-    if outcome == "xfailed":
-        pytest.xfail(reason)
+    outcomes.enforce(record["outcome"], record["reason"])
 
 
 # Seconds of fingerprint probes one backend may take in one process (None: no limit). A backend that
@@ -57,10 +54,10 @@ def normconf_fingerprint(request: pytest.FixtureRequest) -> Callable[[], None]:
     def run() -> None:
         loaded = state.backend(backend_name)
         if isinstance(loaded, str):
-            answer = fingerprint.Fingerprint(backend_name, question.name, "skipped", reason=loaded)
+            answer = FingerprintRecord(backend_name, question.name, "skipped", reason=loaded)
         elif budget is not None and spent.get(backend_name, 0.0) >= budget:
             reason = f"fingerprint time budget spent ({budget:g} s for {backend_name} in this process)"
-            answer = fingerprint.Fingerprint(backend_name, question.name, "skipped", reason=reason)
+            answer = FingerprintRecord(backend_name, question.name, "skipped", reason=reason)
         else:
             answer = fingerprint.ask(loaded[0], loaded[1], question, state.settings.timeout)
             spent[backend_name] = spent.get(backend_name, 0.0) + answer.duration_s
@@ -79,15 +76,15 @@ def normconf_check_property(request: pytest.FixtureRequest) -> Callable[[], None
     def run() -> None:
         loaded = state.backend(backend_name)
         if isinstance(loaded, str):
-            result = property_runner.PropertyResult(backend_name, prop.name, "skipped", loaded)
+            result = PropertyRecord(backend_name, prop.name, "skipped", loaded)
         else:
             backend, declared = loaded
             # Examples stay within the dtypes the run selected (--dtype), as the checks do.
             caps = dataclasses.replace(declared, dtypes=declared.dtypes & {c.dtype for c in settings.cases})
-            ctx = properties.Context(settings.tolerances, settings.timeout, "backward" in caps.features)
-            profile = settings.profile if settings.profile in property_runner.BUDGET else "ci"
-            budget, seconds = property_runner.BUDGET[profile], property_runner.SECONDS[profile]
-            result = property_runner.check(backend, caps, prop, ctx, budget, settings.ledger, seconds)
+            ctx = catalog.PropertyContext(settings.tolerances, settings.timeout, "backward" in caps.features)
+            profile = settings.profile if settings.profile in search.BUDGET else "ci"
+            budget, seconds = search.BUDGET[profile], search.SECONDS[profile]
+            result = search.check(backend, caps, prop, ctx, budget, settings.ledger, seconds)
         _record(request, result.to_dict())
 
     return run

@@ -1,0 +1,121 @@
+"""One table of backends fed by the ``normconf.backends`` entry points and ``register()``.
+
+Listing reads names and origins without importing any adapter; loading imports and instantiates.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, TypeVar
+
+from conformance.adapter.backend import Backend
+
+GROUP = "normconf.backends"
+_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_registered: dict[str, Entry] = {}
+
+T = TypeVar("T")
+
+
+class RegistryError(ValueError):
+    """A usage problem with backend names: unknown, duplicate or malformed."""
+
+
+class BackendLoadError(RuntimeError):
+    """An adapter could not be imported or instantiated; the cause is chained."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A backend known by name, not yet loaded."""
+
+    name: str
+    origin: str
+    factory: Callable[[], Any]
+
+    def load(self) -> Backend:
+        try:
+            backend = self.factory()
+        except Exception as exc:
+            raise BackendLoadError(f"backend {self.name!r} ({self.origin}) failed to load: {exc}") from exc
+        if getattr(backend, "name", None) != self.name:
+            raise BackendLoadError(
+                f"backend {self.name!r} ({self.origin}) reports name={getattr(backend, 'name', None)!r}; "
+                "an adapter's name must equal its registered name"
+            )
+        return backend  # type: ignore[no-any-return]
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.match(name):
+        raise RegistryError(f"backend name={name!r} is not allowed; allowed: kebab-case like 'my-backend'")
+
+
+def register(name: str) -> Callable[[T], T]:
+    """Class decorator registering an unpackaged adapter (conftest, ``-p module``, notebook)."""
+    _check_name(name)
+
+    def decorate(cls: T) -> T:
+        origin = f"register() in {getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', '?')}"
+        previous = _registered.get(name)
+        if previous is not None and previous.origin != origin:
+            raise RegistryError(f"duplicate backend name {name!r}: {previous.origin} and {origin}")
+        _registered[name] = Entry(name, origin, cls)  # type: ignore[arg-type]
+        return cls
+
+    return decorate
+
+
+def _entry_point(ep: metadata.EntryPoint) -> Entry:
+    dist = getattr(ep, "dist", None)
+    where = f" from {dist.name} {dist.version}" if dist is not None else ""
+
+    def factory() -> Any:
+        return ep.load()()
+
+    return Entry(ep.name, f"entry point {ep.value}{where}", factory)
+
+
+def entries() -> dict[str, Entry]:
+    """Every known backend by name; a name claimed twice is an error naming both origins."""
+    table: dict[str, Entry] = {}
+    seen_values: dict[str, str] = {}
+    for ep in metadata.entry_points(group=GROUP):
+        # One distribution can be visible twice on sys.path (editable + build dir); same target is fine.
+        if seen_values.get(ep.name) == ep.value:
+            continue
+        _add(table, _entry_point(ep))
+        seen_values[ep.name] = ep.value
+    for entry in _registered.values():
+        _add(table, entry)
+    return dict(sorted(table.items()))
+
+
+def _add(table: dict[str, Entry], entry: Entry) -> None:
+    _check_name(entry.name)
+    if entry.name in table:
+        raise RegistryError(
+            f"duplicate backend name {entry.name!r}: {table[entry.name].origin} and {entry.origin}"
+        )
+    table[entry.name] = entry
+
+
+def resolve(spec: str, table: dict[str, Entry]) -> list[str]:
+    """Turn ``all`` or a comma list into names; an unknown name gets the known ones and a guess."""
+    if spec.strip() == "all":
+        return list(table)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise RegistryError(
+            f"--backend={spec!r} is not allowed; allowed: all or a comma list of {list(table)}"
+        )
+    for name in names:
+        if name not in table:
+            guess = difflib.get_close_matches(name, list(table), n=1)
+            hint = f"; did you mean {guess[0]!r}?" if guess else ""
+            raise RegistryError(f"unknown backend {name!r}; known: {', '.join(table) or '(none)'}{hint}")
+    return list(dict.fromkeys(names))

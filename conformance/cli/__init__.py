@@ -1,0 +1,1 @@
+"""The ``normconf`` command: argument parsing, its commands, and the pytest subprocess it follows."""

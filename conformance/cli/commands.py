@@ -1,0 +1,329 @@
+"""The five ``normconf`` commands: each a parser builder and a function returning the exit status."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from conformance.cli import launch, options
+from conformance.results import diff, render
+from conformance.running import shard, summary
+
+if TYPE_CHECKING:
+    Sub = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+RUN_HELP = """Run the conformance suite (pytest conformance) over the available backends and write
+OUTPUT/results.jsonl, OUTPUT/report.html, OUTPUT/summary.md and pytest's log OUTPUT/pytest.log.
+
+examples:
+  normconf run                                  # ci profile, every available backend
+  normconf run --backend torch-nn --op rms_norm --dtype bfloat16 -o out
+  normconf run --shard 1/2 -o out/shard1        # on machine A (and --shard 2/2 on machine B)
+  normconf report out/shard1/results.jsonl out/shard2/results.jsonl -o report.html"""
+
+
+def _selection_options(p: argparse.ArgumentParser, profile: str) -> None:
+    p.add_argument("--op", help="comma list of ops (default: all in the profile)")
+    p.add_argument("--dtype", help="comma list of activation dtypes")
+    p.add_argument("--profile", default=profile, help=f"case profile: smoke, ci, full (default {profile})")
+    p.add_argument("--cases", metavar="FILE", help="JSON or TOML file of cases instead of a profile")
+    p.add_argument("--shard", metavar="K/N", help="only part K of N (whole cases, round-robin by id)")
+
+
+def build_run(sub: Sub, name: str) -> argparse.ArgumentParser:
+    p = options.subparser(sub, name, "run the suite and write results and the report", RUN_HELP)
+    p.add_argument("--backend", default="all", help="comma list of backend names, or all (default)")
+    _selection_options(p, "ci")
+    p.add_argument(
+        "-o", "--output", default=".normconf", metavar="DIR", help="output folder (default .normconf)"
+    )
+    p.add_argument(
+        "-n", "--workers", default="auto", help="pytest-xdist workers: a number, auto (default) or 0"
+    )
+    p.add_argument(
+        "--call-timeout", type=float, default=300.0, help="seconds before a backend call is an error"
+    )
+    p.add_argument("--tolerances", metavar="FILE", help="tolerance file (default: the built-in matrix)")
+    p.add_argument("--ledger", metavar="FILE", help="known-deviations ledger (default: the built-in one)")
+    p.add_argument(
+        "-p",
+        dest="plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="pytest plugin module to load, e.g. one that registers a backend with conformance.register()",
+    )
+    p.add_argument("--bench", action="store_true", help="also run the benchmarks (conformance/bench)")
+    p.add_argument("--bench-profile", metavar="P", help="benchmark cases (the benchmarks' --bench-profile)")
+    p.add_argument("--baseline", metavar="BACKEND", help="backend the benchmark speedups are relative to")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    # Backend names are checked by the pytest plugin, which also sees conftest and -p registrations.
+    chosen = options.selection(args)
+    options.parse_shard(args.shard)
+    _check_workers(args.workers)
+    if args.bench and not launch.BENCH.is_dir():
+        raise options.UsageError(
+            f"--bench: no benchmarks in this installation ({launch.BENCH} does not exist yet); "
+            "run without --bench"
+        )
+    out = Path(args.output)
+    results = out / "results.jsonl"
+    results.unlink(missing_ok=True)
+    display = launch.Display(sys.stdout, launch.use_bar(sys.stdout))
+    log = out / "pytest.log"
+    print(f"normconf run: backends {args.backend}, {len(chosen.cases)} cases; pytest log {log}")
+    status = launch.run_pytest(_pytest_args(args, results), log, display.event)
+    display.finish()
+    if status == 4 or not results.exists():
+        return _failed_start(status, log)
+    if status not in (0, 1):
+        # pytest stopped early (interrupted, internal error): the results hold the tests that ran.
+        print(
+            f"normconf run: pytest exited with status {status}; the results are partial, see {log}",
+            file=sys.stderr,
+        )
+    bench, bench_status = _run_bench(args, out) if args.bench else ([], 0)
+    _summarize(results, bench, out, args.baseline)
+    return 0 if status == 0 and bench_status == 0 else 1
+
+
+def _check_workers(workers: str) -> None:
+    if workers != "0" and importlib.util.find_spec("xdist") is None:
+        raise options.UsageError(f"-n {workers}: pytest-xdist is not installed; install it or pass -n 0")
+    if workers not in ("auto", "logical") and not workers.isdigit():
+        raise options.UsageError(f"-n={workers!r} is not allowed; allowed: a number, auto or 0")
+
+
+def _pytest_args(args: argparse.Namespace, results: Path) -> list[str]:
+    command = [str(launch.SUITE), "--backend", args.backend, "--results", str(results), "-q"]
+    command += ["--profile", args.profile] if not args.cases else ["--cases", args.cases]
+    for option in ("op", "dtype", "shard", "tolerances", "ledger"):
+        if getattr(args, option):
+            command += [f"--{option}", getattr(args, option)]
+    command += ["--call-timeout", str(args.call_timeout)]
+    command += [arg for module in args.plugin for arg in ("-p", module)]
+    return command + (["-n", args.workers] if args.workers != "0" else [])
+
+
+def _failed_start(status: int, log: Path) -> int:
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    errors = [line for line in lines if "error" in line.lower()] or lines[-15:]
+    for line in errors[-15:]:
+        print(line, file=sys.stderr)
+    print(
+        f"normconf run: pytest exited with status {status} and wrote no results; see {log}", file=sys.stderr
+    )
+    return 2 if status in (4, 5) else 1
+
+
+def _run_bench(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
+    """Run conformance/bench with the same backends and case selection; (JSON files, pytest status)."""
+    target = out / "bench.json"
+    target.unlink(missing_ok=True)
+    command = [
+        str(launch.BENCH),
+        "--benchmark-only",
+        f"--benchmark-json={target}",
+        "--backend",
+        args.backend,
+        "-q",
+    ]
+    for option in ("op", "dtype", "cases", "bench_profile"):
+        if getattr(args, option):
+            command += [f"--{option.replace('_', '-')}", getattr(args, option)]
+    command += [arg for module in args.plugin for arg in ("-p", module)]
+    display = launch.Display(sys.stdout, launch.use_bar(sys.stdout))
+    print(f"normconf run: benchmarks; pytest log {out / 'bench.log'}")
+    status = launch.run_pytest(command, out / "bench.log", display.event)
+    display.finish()
+    if status != 0:
+        print(
+            f"normconf run: the benchmarks exited with status {status}; see {out / 'bench.log'}",
+            file=sys.stderr,
+        )
+    return ([str(target)] if target.exists() else []), status
+
+
+def _summarize(results: Path, bench: list[str], out: Path, baseline: str | None) -> None:
+    runs = tuple(options.load_runs([str(results)]))
+    for line in summary.table(runs[0].records):
+        print(line)
+    data = render.ReportInput(runs=runs, benches=tuple(options.load_benches(bench)), baseline=baseline)
+    for fmt, name in (("html", "report.html"), ("md", "summary.md")):
+        options.write_text(str(out / name), options.renderer(fmt)(data))
+    print(f"results: {results}\nreport:  {out / 'report.html'}\nsummary: {out / 'summary.md'}")
+
+
+REPORT_HELP = """Render results files into one report. Several files may be the shards of one run
+(merged) or separate runs (machines, devices, versions), which the report compares.
+
+examples:
+  normconf report .normconf/results.jsonl -o report.html
+  normconf report shard1.jsonl shard2.jsonl -o report.html
+  normconf report cpu.jsonl gpu.jsonl --bench cpu-bench.json gpu-bench.json -o report.html
+  normconf report results.jsonl --format md >> "$GITHUB_STEP_SUMMARY\""""
+
+
+def build_report(sub: Sub, name: str) -> argparse.ArgumentParser:
+    p = options.subparser(sub, name, "render results (+ benchmark JSON) into HTML or Markdown", REPORT_HELP)
+    p.add_argument("results", nargs="+", metavar="RESULTS", help="results files (JSON Lines)")
+    p.add_argument("--bench", nargs="+", default=[], metavar="BENCH_JSON", help="pytest-benchmark JSON files")
+    p.add_argument("-o", "--output", help="output file, - for stdout (default report.html; md: stdout)")
+    p.add_argument("--format", default="html", help="html (default) or md")
+    p.add_argument("--baseline", metavar="BACKEND", help="backend the benchmark speedups are relative to")
+    p.add_argument("--title", default="normconf report", help="report title")
+    _threshold_options(p)
+    return p
+
+
+def report(args: argparse.Namespace) -> int:
+    render_fn = options.renderer(args.format)
+    loaded = options.load_runs(args.results)
+    benches = options.load_benches(args.bench)
+    _check_baseline(args.baseline, benches)
+    data = render.ReportInput(
+        tuple(loaded), tuple(benches), args.baseline, args.title, options.thresholds(args)
+    )
+    target = args.output or ("report.html" if args.format == "html" else "-")
+    options.write_text(target, render_fn(data))
+    if target != "-":
+        print(f"report: {target}", file=sys.stderr)
+    return 0
+
+
+def _check_baseline(baseline: str | None, benches: list[Any]) -> None:
+    if baseline is None:
+        return
+    known = sorted({b.backend for f in benches for b in f.benchmarks})
+    if baseline not in known:
+        raise options.UsageError(
+            f"--baseline={baseline!r} is not allowed; allowed: a backend of the benchmark files: "
+            f"{', '.join(known) or '(no --bench files given)'}"
+        )
+
+
+def _threshold_options(p: argparse.ArgumentParser) -> None:
+    t = diff.Thresholds()
+    p.add_argument(
+        "--growth",
+        type=float,
+        default=t.growth,
+        help=f"worst_ratio growth factor that counts (default {t.growth:g})",
+    )
+    p.add_argument(
+        "--min-ratio",
+        type=float,
+        default=t.min_ratio,
+        help=f"ignore growth ending below this worst_ratio (default {t.min_ratio:g})",
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=t.speed,
+        help=f"least relative change in median time that counts, or the runs' noise (default {t.speed:g})",
+    )
+
+
+COMPARE_HELP = """Compare two runs: new failures, fixed cases, worst_ratio growth beyond --growth, and,
+with --bench, benchmarks slower or faster beyond the measured noise. Exit 1 on a regression
+(a new failure, error growth or a slowdown), so CI can gate on it.
+
+example:
+  normconf compare main/results.jsonl branch/results.jsonl --bench main/bench.json branch/bench.json"""
+
+
+def build_compare(sub: Sub, name: str) -> argparse.ArgumentParser:
+    p = options.subparser(sub, name, "what changed between two runs (exit 1 on a regression)", COMPARE_HELP)
+    p.add_argument("base", metavar="BASE", help="results file of the base run")
+    p.add_argument("new", metavar="NEW", help="results file of the new run")
+    p.add_argument(
+        "--bench", nargs=2, default=[], metavar=("BASE_JSON", "NEW_JSON"), help="benchmark JSON of each run"
+    )
+    p.add_argument("--limit", type=int, default=50, help="lines shown per list (default 50)")
+    _threshold_options(p)
+    return p
+
+
+def compare(args: argparse.Namespace) -> int:
+    t = options.thresholds(args)
+    base, new = (options.load_runs([path])[0] for path in (args.base, args.new))
+    benches = options.load_benches(args.bench)
+    d = diff.diff(
+        base.records,
+        new.records,
+        t,
+        benches[0].by_key() if benches else None,
+        benches[1].by_key() if benches else None,
+    )
+    if not d.common:
+        raise options.UsageError(
+            f"{args.base} and {args.new} share no backend x case x check; nothing to compare"
+        )
+    print(
+        f"normconf compare: {d.common} results in common, {d.only_base} only in {args.base}, "
+        f"{d.only_new} only in {args.new}; {d.still_failing} still failing"
+        + (f"; {d.benchmarks_compared} benchmarks compared" if args.bench else "")
+    )
+    for line in diff.text(d, t, args.limit):
+        print(line)
+    verdict = "REGRESSION" if d.regression else "no regression"
+    counts = f"{len(d.new_failures)} new failures, {len(d.growth)} error growths, {len(d.slower)} slower"
+    print(f"verdict: {verdict} ({counts})")
+    return 1 if d.regression else 0
+
+
+def build_backends(sub: Sub, name: str) -> argparse.ArgumentParser:
+    return options.subparser(
+        sub,
+        name,
+        "list backends with origin, availability and capabilities",
+        "List every registered backend.",
+    )
+
+
+def backends(args: argparse.Namespace) -> int:
+    print(options.list_backends())
+    return 0
+
+
+def build_cases(sub: Sub, name: str) -> argparse.ArgumentParser:
+    p = options.subparser(
+        sub, name, "list the case ids a run would use", "List the cases of a profile or cases file."
+    )
+    _selection_options(p, "smoke")
+    p.add_argument("--json", action="store_true", help="print every case's fields as JSON")
+    return p
+
+
+def cases(args: argparse.Namespace) -> int:
+    chosen = list(options.selection(args).cases)
+    part = options.parse_shard(args.shard)
+    if part is not None:
+        chosen = shard.select(chosen, part, lambda c: c.id, lambda c: c.id)
+    if args.json:
+        sys.stdout.write(options.dump_json([c.to_dict() for c in chosen]))
+    else:
+        for case in chosen:
+            print(case.id)
+        source = f"--cases {shlex.quote(args.cases)}" if args.cases else f"--profile {args.profile}"
+        print(f"{len(chosen)} cases ({source})", file=sys.stderr)
+    return 0
+
+
+Builder = Callable[["Sub", str], argparse.ArgumentParser]
+COMMANDS: dict[str, tuple[Builder, Callable[[argparse.Namespace], int]]] = {
+    "run": (build_run, run),
+    "report": (build_report, report),
+    "compare": (build_compare, compare),
+    "backends": (build_backends, backends),
+    "cases": (build_cases, cases),
+}

@@ -1,0 +1,30 @@
+"""Conditioning of a case: how much a correctly rounded mean can move the normalized values.
+
+A mean computed in the statistics precision u_s carries an error of a few u_s * |mean|; after
+(x - mean) * rstd that is an absolute error of u_s * kappa with kappa = max |mean| / sqrt(var + eps)
+over the normalization groups. Offset rows (kappa ~ 1e3) and constant rows with tiny eps (kappa up
+to 1/sqrt(eps)) are ill-conditioned for every float32-statistics implementation, not just a bad one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from conformance.model.case import Case
+from conformance.model.dtypes import stats_dtype, unit_roundoff
+
+
+def kappa(case: Case, expected: Mapping[str, np.ndarray]) -> float:
+    """max |mean| * rstd over groups for ops that subtract a computed mean, else 0."""
+    subtracts_mean = case.op == "layer_norm" or (case.op == "batch_norm" and case.training)
+    if not subtracts_mean:
+        return 0.0
+    values = np.abs(expected["mean"]) * expected["rstd"]
+    return float(np.max(values)) if values.size else 0.0
+
+
+def mean_error(case: Case, expected: Mapping[str, np.ndarray]) -> float:
+    """u_s * kappa: the normalized-value error one rounding of the mean causes."""
+    return unit_roundoff(stats_dtype(case.dtype)) * kappa(case, expected)

@@ -1,0 +1,71 @@
+"""Failure messages: what was expected, what came back, where, under which rule, how to rerun."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conformance.judging.ledger import Deviation
+from conformance.model.case import Case
+from conformance.results.records import ComparisonRecord
+
+
+def header(backend: str, case: Case, check: str) -> str:
+    return f"{backend} {case.id} [{check}]\n"
+
+
+def _figures(c: ComparisonRecord) -> str:
+    tol = c.tolerance
+    where = f"index {c.worst_index}" if c.worst_index else "whole tensor"
+    return (
+        f"  worst at {where}: actual {c.actual_at_worst!r}, expected {c.expected_at_worst!r}, "
+        f"worst_ratio {c.worst_ratio:.4g}\n"
+        f"  mismatched {c.mismatched} of {c.numel}; max_abs {c.max_abs:.4g}, max_rel {c.max_rel:.4g}, "
+        f"max_ulp {c.max_ulp:.4g}\n"
+        f"  tolerance {tol.source}: |a - e| <= atol*scale + cond*mean_error*sensitivity + rtol*|e| with "
+        f"rtol={tol.rtol:.3g}, atol={tol.atol:.3g}, scale={c.scale:.4g}, cond={tol.cond:g}, "
+        f"mean_error={c.mean_error:.3g}, sensitivity={c.sensitivity:.3g} "
+        f"-> atol_effective={c.tolerance.atol_effective:.3g}\n"
+        f"  why: {tol.why}\n"
+    )
+
+
+def failure(
+    backend: str, case: Case, check: str, c: ComparisonRecord, entry: Deviation | None, reproduce: str
+) -> str:
+    if c.problem:
+        head = f"output {c.output!r}: {c.problem}\n"
+    else:
+        head = f"output {c.output!r} out of tolerance\n" + _figures(c)
+    if entry is not None:
+        head += (
+            f"  ledger deviation[{entry.index}] covers this output up to worst_ratio {entry.band[1]:g}, "
+            f"measured {c.worst_ratio:.4g}: the deviation grew beyond its recorded band\n"
+        )
+    return header(backend, case, check) + head + f"  reproduce: {reproduce}"
+
+
+def stale(backend: str, case: Case, check: str, c: ComparisonRecord, entry: Deviation, reproduce: str) -> str:
+    return (
+        header(backend, case, check)
+        + f"ledger deviation[{entry.index}] expects output {c.output!r} to fail ({entry.reason}), "
+        f"but it passed with worst_ratio {c.worst_ratio:.4g}: remove or narrow the entry (strict xfail)\n"
+        + f"  reproduce: {reproduce}"
+    )
+
+
+def bits_changed(name: str, before: np.ndarray, after: np.ndarray, what: str = "by the call") -> str:
+    """Empty when the two arrays hold the same bits; else where they first differ."""
+    a = np.ascontiguousarray(before)
+    b = np.ascontiguousarray(after)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"{name}: changed {what} from {a.dtype}{a.shape} to {b.dtype}{b.shape}"
+    width = a.dtype.itemsize
+    view = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+    differ = a.view(view) != b.view(view)
+    if not differ.any():
+        return ""
+    first = tuple(int(i) for i in np.argwhere(differ)[0])
+    return (
+        f"{name}: {int(differ.sum())} of {a.size} elements changed {what}; "
+        f"first at {first}: {a[first]!r} -> {b[first]!r}"
+    )

@@ -1,0 +1,1 @@
+"""Metamorphic properties: the catalog of relations and their Hypothesis search."""

@@ -1,0 +1,337 @@
+"""Metamorphic properties: relations between a backend's outputs on related inputs.
+
+Each property turns an ``Example`` (a handful of small integers and names, which Hypothesis draws and
+shrinks) into related inputs, runs the backend on each, and checks the relation. Two outputs that are
+each within tolerance of their exact answers are within the sum of their allowances (plus the gap
+between the exact answers, 0 for an exact relation) of each other, so the tolerance matrix decides;
+whether the related outputs are also identical bit for bit is recorded (batch invariance).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from conformance import oracle
+from conformance.adapter.backend import Backend
+from conformance.adapter.execute import run_backend
+from conformance.judging.conditioning import mean_error
+from conformance.judging.scales import scale, sensitivity
+from conformance.judging.tolerances import ToleranceTable
+from conformance.model.case import Case
+from conformance.model.dtypes import round_to
+from conformance.model.inputs import make_inputs
+from conformance.model.outputs import output_dtype, output_shape, produced
+
+Arrays = dict[str, np.ndarray]
+EPSILONS: tuple[float, ...] = (1e-6, 1e-5, 1e-3)
+
+
+@dataclass(frozen=True)
+class Example:
+    """What a property is evaluated on; ``knob`` and ``flag`` mean what each property says."""
+
+    op: str
+    dtype: str
+    rows: int
+    features: int
+    seed: int
+    eps: float
+    knob: int = 0
+    flag: bool = False
+
+    def case(self, **changes: object) -> Case:
+        fields: dict[str, object] = {
+            "op": self.op,
+            "shape": (self.rows, self.features),
+            "dtype": self.dtype,
+            "eps": self.eps,
+            "seed": self.seed,
+        }
+        return Case(**{**fields, **changes})  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class PropertyContext:
+    tolerances: ToleranceTable
+    timeout: float
+    grad: bool  # the backend declares backward
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One backend call on explicit inputs, with the oracle's answer and each element's allowance."""
+
+    case: Case
+    actual: Arrays
+    expected: Arrays
+    allowance: Arrays
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One example's verdict: worst |a1 - a2| / (allowances + exact gap), and whether bits agree."""
+
+    worst_ratio: float
+    bitwise: bool
+    detail: str = ""
+    output: str = "y"
+
+    @property
+    def passed(self) -> bool:
+        return self.worst_ratio <= 1.0
+
+
+class Violation(AssertionError):
+    """A property failed on an example (Hypothesis shrinks it, then this carries the minimal one)."""
+
+    def __init__(self, example: Example, outcome: Outcome) -> None:
+        super().__init__(f"{outcome.detail} (worst_ratio {outcome.worst_ratio:.4g}) on {example}")
+        self.example = example
+        self.outcome = outcome
+
+
+def evaluate(
+    backend: Backend,
+    case: Case,
+    inputs: Mapping[str, np.ndarray],
+    ctx: PropertyContext,
+    grad: bool = False,
+    *,
+    price: bool = True,
+) -> Evaluation:
+    """Evaluation ``backend`` on ``inputs`` (validated, under the deadline); with ``price``, also the oracle's
+    answer and every element's allowance."""
+    given = dict(inputs) if grad else {k: v for k, v in inputs.items() if k != "dy"}
+    shapes = {name: output_shape(case, name) for name in produced(case, grad)}
+    result = run_backend(
+        backend, case, given, grad=grad, calls=1, expected_shapes=shapes, timeout=ctx.timeout
+    )
+    if not price:
+        return Evaluation(case, result.outputs[0], {}, {})
+    expected = oracle.evaluate(case, given, grad=grad)
+    allowance = {name: allowance_of(case, name, given, expected, ctx.tolerances) for name in shapes}
+    return Evaluation(case, result.outputs[0], expected, allowance)
+
+
+def allowance_of(
+    case: Case,
+    output: str,
+    inputs: Mapping[str, np.ndarray],
+    expected: Mapping[str, np.ndarray],
+    table: ToleranceTable,
+) -> np.ndarray:
+    """atol * scale + cond * mean_error * sensitivity + rtol * |expected|, element by element."""
+    tol = table.lookup(case.op, output, output_dtype(case, output), case.dist)
+    atol = tol.atol * scale(case, output, inputs, expected)
+    atol += tol.cond * mean_error(case, expected) * sensitivity(case, output, inputs, expected)
+    allowed: np.ndarray = atol + tol.rtol * np.abs(np.asarray(expected[output], dtype=np.float64))
+    return allowed
+
+
+def relate(
+    output: str, first: Evaluation, second: Evaluation, pick: Callable[[np.ndarray], np.ndarray] = lambda a: a
+) -> Outcome:
+    """``first`` against ``pick`` of ``second`` (the relation mapped onto the first's layout)."""
+    a1 = np.asarray(first.actual[output]).astype(np.float64)
+    a2 = pick(np.asarray(second.actual[output]).astype(np.float64))
+    gap = np.abs(first.expected[output] - pick(np.asarray(second.expected[output], dtype=np.float64)))
+    allowed = first.allowance[output] + pick(second.allowance[output]) + np.nan_to_num(gap, nan=0.0)
+    same = (a1 == a2) | (np.isnan(a1) & np.isnan(a2))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        ratio = np.where(same, 0.0, np.abs(a1 - a2) / allowed)
+    ratio = np.where(np.isnan(ratio), np.inf, ratio)
+    worst = float(ratio.max()) if ratio.size else 0.0
+    detail = ""
+    if worst > 1.0:
+        index = tuple(int(i) for i in np.unravel_index(int(np.argmax(ratio)), ratio.shape))
+        detail = f"{output} at {index}: {a1[index]!r} vs {a2[index]!r}, allowed {allowed[index]:.3g}"
+    return Outcome(worst, bool(np.all(same)), detail, output)
+
+
+def combine(outcomes: list[Outcome]) -> Outcome:
+    worst = max(outcomes, key=lambda o: o.worst_ratio)
+    return Outcome(worst.worst_ratio, all(o.bitwise for o in outcomes), worst.detail, worst.output)
+
+
+def _inputs(case: Case, grad: bool, x: np.ndarray | None = None) -> Arrays:
+    """The case's own parameters (and dy), with ``x`` replaced by the property's values."""
+    inputs = make_inputs(case, grad=grad)
+    if x is not None:
+        inputs["x"] = round_to(x, case.dtype)
+    return inputs
+
+
+def _grid(example: Example, spread: int = 8, step: float = 2.0**-3) -> np.ndarray:
+    """Values step * m, |m| <= spread: exact in every dtype, also after shifts and power-of-two scalings."""
+    rng = np.random.default_rng(example.seed)
+    values: np.ndarray = step * rng.integers(-spread, spread + 1, size=(example.rows, example.features))
+    return values
+
+
+# ----------------------------------------------------------------------------- the properties
+def shift_invariance(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
+    """LN(x + c) = LN(x); x and c on a grid so x + c is exact in the dtype (knob: c in grid steps)."""
+    case = example.case()
+    x = _grid(example)
+    shift = 2.0**-3 * example.knob
+    base = evaluate(backend, case, _inputs(case, False, x), ctx)
+    moved = evaluate(backend, case, _inputs(case, False, x + shift), ctx)
+    return relate("y", moved, base)
+
+
+def scale_invariance(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
+    """N(a x; a^2 eps) = N(x; eps) for LN and RMSNorm, at a = 2^k and 2^-k (k = knob, exact scalings),
+    or 3 times those with ``flag`` (inputs then round, and the exact gap is allowed for)."""
+    case = example.case()
+    x = _grid(example, spread=64, step=2.0**-4)
+    inputs = _inputs(case, False, x)
+    base = evaluate(backend, case, inputs, ctx)
+    outcomes = []
+    for exponent in (example.knob, -example.knob):
+        a = (3.0 if example.flag else 1.0) * 2.0**exponent
+        scaled_case = example.case(eps=example.eps * a * a)
+        scaled = evaluate(backend, scaled_case, {**inputs, "x": round_to(a * x, case.dtype)}, ctx)
+        outcomes.append(relate("y", scaled, base))
+    return combine(outcomes)
+
+
+def row_independence(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
+    """Row ``knob`` gives the same output alone, in its batch, and among other rows at another position."""
+    case = example.case()
+    inputs = _inputs(case, False)
+    row = example.knob % example.rows
+    batch = evaluate(backend, case, inputs, ctx)
+    alone_case = example.case(shape=(1, example.features))
+    alone = evaluate(backend, alone_case, {**_params_of(inputs), **_rows(inputs, [row])}, ctx)
+    others_case = example.case(shape=(example.rows + 3, example.features), seed=example.seed + 1)
+    others = _inputs(others_case, False)
+    others["x"] = others["x"].copy()
+    others["x"][2] = inputs["x"][row]
+    mixed = evaluate(backend, others_case, {**others, **_params_of(inputs)}, ctx)
+    return combine(
+        [
+            relate("y", alone, batch, lambda a: a[row : row + 1]),
+            relate("y", alone, mixed, lambda a: a[2:3]),
+        ]
+    )
+
+
+def row_permutation(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
+    """N(P x) = P N(x) for a row permutation P (with dy permuted alike, dx too)."""
+    case = example.case()
+    grad = ctx.grad
+    inputs = _inputs(case, grad)
+    order = np.random.default_rng(example.knob).permutation(example.rows)
+    permuted = {**inputs, "x": inputs["x"][order]}
+    if grad:
+        permuted["dy"] = inputs["dy"][order]
+    base = evaluate(backend, case, inputs, ctx, grad)
+    moved = evaluate(backend, case, permuted, ctx, grad)
+    outputs = ["y", "dx"] if grad else ["y"]
+    return combine([relate(name, moved, base, lambda a: a[order]) for name in outputs])
+
+
+def nonfinite_containment(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
+    """A NaN or +-Inf in one element of row ``knob`` leaves every other row's output as it was."""
+    case = example.case()
+    inputs = _inputs(case, False)
+    row = example.knob % example.rows
+    poison = (np.nan, np.inf, -np.inf)[example.knob % 3]
+    spoiled = inputs["x"].copy()
+    spoiled[row, example.seed % example.features] = poison
+    keep = [i for i in range(example.rows) if i != row]
+    if not keep:
+        return Outcome(0.0, True)
+    clean = _select(evaluate(backend, case, inputs, ctx), keep)
+    # The kept rows' exact answers and allowances are the clean run's: their inputs are unchanged.
+    dirty = evaluate(backend, case, {**inputs, "x": spoiled}, ctx, price=False)
+    return relate("y", dataclasses.replace(clean, actual={"y": np.asarray(dirty.actual["y"])[keep]}), clean)
+
+
+def constant_rows(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
+    """Constant LN rows: y = bias, dweight = 0, dx = (g - mean g) / sqrt(eps), the closed forms."""
+    case = example.case(dist="constant")
+    grad = ctx.grad
+    rng = np.random.default_rng(example.seed)
+    x = np.repeat(2.0**-3 * rng.integers(-64, 65, size=(example.rows, 1)), example.features, axis=1)
+    result = evaluate(backend, case, _inputs(case, grad, x), ctx, grad)
+    return combine([_against_oracle(result, name) for name in result.actual])
+
+
+def feature_size_one(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
+    """Rows of one element: LN gives y = bias and dx = 0; RMSNorm y = w x / sqrt(x^2 + eps)."""
+    case = example.case(shape=(example.rows, 1))
+    result = evaluate(backend, case, _inputs(case, ctx.grad), ctx, ctx.grad)
+    return combine([_against_oracle(result, name) for name in result.actual])
+
+
+def _against_oracle(result: Evaluation, output: str) -> Outcome:
+    exact = dataclasses.replace(
+        result,
+        actual={output: result.expected[output]},
+        allowance={output: np.zeros_like(result.allowance[output])},
+    )
+    return relate(output, result, exact)
+
+
+def _rows(inputs: Arrays, rows: list[int]) -> Arrays:
+    return {k: v[rows] for k, v in inputs.items() if k in ("x", "dy", "residual")}
+
+
+def _params_of(inputs: Arrays) -> Arrays:
+    return {k: v for k, v in inputs.items() if k not in ("x", "dy", "residual")}
+
+
+def _select(result: Evaluation, rows: list[int]) -> Evaluation:
+    take: Callable[[Mapping[str, np.ndarray]], Arrays] = lambda d: {"y": np.asarray(d["y"])[rows]}  # noqa: E731
+    return Evaluation(result.case, take(result.actual), take(result.expected), take(result.allowance))
+
+
+@dataclass(frozen=True)
+class Property:
+    """A property, the ops it holds for, and the ranges Hypothesis draws its example from."""
+
+    name: str
+    check: Callable[[Backend, Example, PropertyContext], Outcome]
+    ops: tuple[str, ...]
+    knob: tuple[int, int] = (0, 0)
+    rows: tuple[int, int] = (1, 6)
+    features: tuple[int, int] = (2, 48)
+    relation: bool = True  # compares two backend runs (so bitwise agreement means something)
+    weight: int = 1  # times the profile's example budget: batch invariance is only as good as its sample
+
+
+PROPERTIES: dict[str, Property] = {
+    p.name: p
+    for p in (
+        Property("shift_invariance", shift_invariance, ("layer_norm",), knob=(-64, 64)),
+        Property("scale_invariance", scale_invariance, ("layer_norm", "rms_norm"), knob=(3, 10)),
+        Property(
+            "row_independence",
+            row_independence,
+            ("layer_norm", "rms_norm"),
+            knob=(0, 7),
+            rows=(2, 6),
+            weight=4,
+        ),
+        Property("row_permutation", row_permutation, ("layer_norm", "rms_norm"), knob=(0, 1000), rows=(2, 6)),
+        Property(
+            "nonfinite_containment",
+            nonfinite_containment,
+            ("layer_norm", "rms_norm"),
+            knob=(0, 17),
+            rows=(2, 6),
+        ),
+        Property("constant_rows", constant_rows, ("layer_norm",), relation=False),
+        Property(
+            "feature_size_one", feature_size_one, ("layer_norm", "rms_norm"), features=(1, 1), relation=False
+        ),
+    )
+}

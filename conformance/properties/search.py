@@ -1,0 +1,198 @@
+"""Run a metamorphic property against one backend under Hypothesis, reproducibly and within a budget.
+
+Examples are drawn with a fixed seed (derandomize), no example database and no deadline, so two runs
+draw the same examples; a failure is shrunk by Hypothesis and reported with the minimal example.
+Hypothesis is imported when a property runs, never when conformance is imported.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.adapter.backend import Backend, Capabilities, Unsupported
+from conformance.adapter.execute import AdapterError
+from conformance.judging.ledger import Deviation, Ledger
+from conformance.properties.catalog import EPSILONS, Example, Property, PropertyContext, Violation
+from conformance.results.records import PropertyRecord
+
+# Examples per property and backend in each profile (times the property's weight): a few seconds
+# per backend in `ci` for the torch adapters on a CPU.
+BUDGET: dict[str, int] = {"smoke": 4, "ci": 25, "full": 100}
+# Seconds one property may spend on one backend before it stops drawing new examples (a backend that
+# compiles every new shape would otherwise take minutes); a failure found is always shrunk.
+SECONDS: dict[str, float] = {"smoke": 2.0, "ci": 3.0, "full": 120.0}
+
+
+@dataclass
+class _Tally:
+    examples: int = 0
+    worst: float = 0.0
+    bitwise: bool = True
+    rejected: list[str] = field(default_factory=list)
+    known: list[tuple[Deviation, float]] = field(default_factory=list)
+    differing: Mapping[str, Any] | None = None  # the first passing example whose bits differed
+    failing: bool = False
+    out_of_time: int = 0  # examples drawn after the time budget ran out, not run
+
+
+def strategy(prop: Property, caps: Capabilities) -> Any:
+    """Examples for ``prop`` within what the backend declares (its ops and dtypes)."""
+    from hypothesis import strategies as st
+
+    return st.builds(
+        Example,
+        op=st.sampled_from([op for op in prop.ops if op in caps.ops]),
+        dtype=st.sampled_from(sorted(caps.dtypes)),
+        rows=st.integers(*prop.rows),
+        features=st.integers(*prop.features),
+        seed=st.integers(0, 2**16),
+        eps=st.sampled_from(EPSILONS),
+        knob=st.integers(*prop.knob),
+        flag=st.booleans(),
+    )
+
+
+def check(
+    backend: Backend,
+    caps: Capabilities,
+    prop: Property,
+    ctx: PropertyContext,
+    max_examples: int,
+    ledger: Ledger | None = None,
+    seconds: float | None = None,
+) -> PropertyRecord:
+    """Run ``prop`` on ``backend`` for up to ``max_examples`` examples; never raises for the adapter.
+
+    A failing example that a ledger entry for this backend and property covers (within its band)
+    is a known deviation: the search goes on, and the result is xfailed if nothing else fails.
+    After ``seconds`` no new example runs (at least one does; the count run is recorded) unless a
+    failure is being shrunk.
+    """
+    start = time.perf_counter()
+    base = {"backend": backend.name, "property": prop.name}
+    if not any(op in caps.ops for op in prop.ops) or not caps.dtypes:
+        reason = (
+            f"none of the ops {list(prop.ops)} declared" if caps.dtypes else "no dtype declared or selected"
+        )
+        return PropertyRecord(backend.name, prop.name, "unsupported", reason)
+    tally = _Tally()
+    try:
+        stop = start + (math.inf if seconds is None else seconds)
+        _search(backend, caps, prop, ctx, max_examples, tally, ledger, stop)
+    except Violation as found:
+        return _result(base, tally, start, prop, "failed", str(found), found.example.to_dict())
+    except AdapterError as exc:
+        return _result(base, tally, start, prop, "error", f"{backend.name} {prop.name}: {exc}")
+    except Exception as exc:
+        outcome, reason, example = _hypothesis_outcome(exc, tally)
+        return _result(base, tally, start, prop, outcome, reason, example)
+    if tally.known:
+        return _result(base, tally, start, prop, "xfailed", _known_reason(tally))
+    return _result(base, tally, start, prop, "passed")
+
+
+def _known_reason(tally: _Tally) -> str:
+    entries = {id(entry): entry for entry, _ in tally.known}
+    worst = max(ratio for _, ratio in tally.known)
+    named = "; ".join(f"{e.reason} (ledger deviation[{e.index}])" for e in entries.values())
+    return f"{len(tally.known)} of {tally.examples} examples deviate (worst_ratio {worst:.4g}): {named}"
+
+
+def _result(
+    base: Mapping[str, str],
+    tally: _Tally,
+    start: float,
+    prop: Property,
+    outcome: str,
+    reason: str = "",
+    example: Mapping[str, Any] | None = None,
+) -> PropertyRecord:
+    return PropertyRecord(
+        base["backend"],
+        base["property"],
+        outcome,
+        reason,
+        tally.examples,
+        tally.worst,
+        tally.bitwise if prop.relation and tally.examples else None,
+        example,
+        time.perf_counter() - start,
+        {
+            **({"first_non_bitwise": tally.differing} if prop.relation and tally.differing else {}),
+            **({"examples_not_run_out_of_time": tally.out_of_time} if tally.out_of_time else {}),
+        },
+    )
+
+
+def _search(
+    backend: Backend,
+    caps: Capabilities,
+    prop: Property,
+    ctx: PropertyContext,
+    max_examples: int,
+    tally: _Tally,
+    ledger: Ledger | None,
+    stop: float,
+) -> None:
+    from hypothesis import HealthCheck, Phase, given, reject, settings
+
+    @settings(
+        max_examples=max_examples * prop.weight,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+    @given(strategy(prop, caps))
+    def holds(example: Example) -> None:
+        if tally.examples and not tally.failing and time.perf_counter() > stop:
+            tally.out_of_time += 1
+            return
+        why = caps.why_not(example.case(), grad=ctx.grad)
+        if why is not None:
+            tally.rejected.append(why)
+            reject()
+        try:
+            outcome = prop.check(backend, example, ctx)
+        except Unsupported as exc:
+            tally.rejected.append(str(exc))
+            reject()
+        tally.examples += 1
+        if not outcome.passed:
+            tally.bitwise = False
+            entry = ledger.find(backend.name, example.case(), prop.name, outcome.output) if ledger else None
+            if entry is None or outcome.worst_ratio > entry.band[1]:
+                tally.failing = True  # shrinking must replay examples whatever the clock says
+                raise Violation(example, outcome)
+            tally.known.append((entry, outcome.worst_ratio))
+            return
+        tally.worst = max(tally.worst, outcome.worst_ratio)
+        tally.bitwise = tally.bitwise and outcome.bitwise
+        if not outcome.bitwise and tally.differing is None:
+            tally.differing = example.to_dict()
+
+    holds()
+
+
+def _hypothesis_outcome(exc: Exception, tally: _Tally) -> tuple[str, str, Mapping[str, Any] | None]:
+    """Map Hypothesis's own exceptions (nothing runnable, a flaky failure) to outcomes; re-raise others."""
+    from hypothesis.errors import Flaky, Unsatisfiable
+
+    if isinstance(exc, Unsatisfiable):
+        why = tally.rejected[0] if tally.rejected else "no example could run"
+        return "unsupported", f"no example runs on this backend: {why}", None
+    if isinstance(exc, Flaky):
+        inner = [e for e in getattr(exc, "exceptions", ()) if isinstance(e, Violation)]
+        example = inner[0].example.to_dict() if inner else None
+        return (
+            "failed",
+            f"the property failed, then passed on the same example (nondeterministic?): {exc}",
+            example,
+        )
+    raise exc

@@ -1,0 +1,1 @@
+"""Running the suite: options and settings, the checks table, the pytest plugin, scheduling, sharding."""

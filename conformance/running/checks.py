@@ -1,0 +1,210 @@
+"""The checks run per backend x case, declared in one table: forward, backward, training,
+inputs_unchanged, determinism.
+
+Each check turns one backend run into one Result; the pytest plugin only maps Results to test
+outcomes (conformance.running.outcomes). Skips come from capabilities; ``Unsupported`` only from
+``prepare()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from conformance import oracle
+from conformance.adapter.backend import Backend, Capabilities, Outputs, Unsupported
+from conformance.adapter.execute import AdapterError, Execution, run_backend
+from conformance.failures import bundle, shrink
+from conformance.judging import messages
+from conformance.judging.ledger import Ledger
+from conformance.judging.tolerances import ToleranceTable
+from conformance.judging.verdict import Verdict, compare_outputs, judge
+from conformance.model.case import Case
+from conformance.model.inputs import make_inputs
+from conformance.model.outputs import forward_outputs, grad_outputs, output_shape, produced, training_outputs
+from conformance.results.records import Result
+from conformance.results.text import summary_of
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """What a check needs besides the backend and the case."""
+
+    tolerances: ToleranceTable
+    ledger: Ledger
+    timeout: float
+    reproduce: str = ""
+    save_failures: Path | None = None  # --save-failures: write a replayable bundle per failure
+
+
+@functools.lru_cache(maxsize=4)
+def materials(case: Case) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(inputs with dy, every oracle output) for a case; cached so checks of one case share them."""
+    inputs = make_inputs(case, grad=True)
+    return inputs, oracle.evaluate(case, inputs, grad=True)
+
+
+def _execute(backend: Backend, case: Case, ctx: CheckContext, grad: bool, calls: int = 1) -> Execution:
+    inputs, _ = materials(case)
+    given = inputs if grad else {k: v for k, v in inputs.items() if k != "dy"}
+    shapes = {name: output_shape(case, name) for name in produced(case, grad)}
+    return run_backend(
+        backend, case, given, grad=grad, calls=calls, expected_shapes=shapes, timeout=ctx.timeout
+    )
+
+
+def _comparing(check: str, outputs: Callable[[Case], tuple[str, ...]], grad: bool) -> Check:
+    """A check that compares ``outputs(case)`` with the oracle."""
+
+    def run(backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext) -> Verdict:
+        execution = _execute(backend, case, ctx, grad)
+        inputs, expected = materials(case)
+        actual = execution.outputs[0]
+        comparisons = compare_outputs(case, inputs, expected, actual, outputs(case), ctx.tolerances)
+        verdict = judge(backend.name, case, check, comparisons, ctx.ledger, ctx.reproduce)
+        verdict = dataclasses.replace(verdict, warnings=execution.warnings, info=execution.info)
+        if ctx.save_failures is not None and verdict.outcome in ("failed", "xfailed"):
+            verdict = _saved(backend, case, check, grad, ctx, actual, verdict)
+        return verdict
+
+    return run
+
+
+def _saved(
+    backend: Backend, case: Case, check: str, grad: bool, ctx: CheckContext, actual: Outputs, verdict: Verdict
+) -> Verdict:
+    """Shrink the failure, write its bundle, and say where it is and how to replay it."""
+    assert ctx.save_failures is not None
+    inputs, expected = materials(case)
+    given = inputs if grad else {k: v for k, v in inputs.items() if k != "dy"}
+    first = shrink.Attempt(case, dict(given), actual, expected, verdict.comparisons)
+    names = tuple(c.output for c in verdict.comparisons)
+    attempt = shrink.runner(backend, names, grad, ctx.tolerances, ctx.timeout)
+    try:
+        path = shrink.save(
+            ctx.save_failures,
+            backend.name,
+            check,
+            verdict.outcome,
+            verdict.reason,
+            first,
+            attempt,
+            grad=grad,
+            tolerances=ctx.tolerances,
+        )
+    except OSError as exc:
+        return dataclasses.replace(verdict, reason=f"{verdict.reason}\n  bundle: not saved: {exc}")
+    where = f"\n  bundle: {path}\n  replay: {bundle.replay_command(path, backend.name)}"
+    return dataclasses.replace(verdict, reason=verdict.reason + where, bundle=str(path))
+
+
+def _bitwise(what: str, calls: int) -> Check:
+    """A check that compares bits: the inputs before and after the call, or the outputs of two calls."""
+
+    def run(backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext) -> Verdict:
+        execution = _execute(backend, case, ctx, "backward" in caps.features, calls=calls)
+        if calls == 1:
+            pristine, _ = materials(case)
+            pairs = [(name, pristine[name], after) for name, after in execution.inputs.items()]
+            changed = [messages.bits_changed(name, before, after) for name, before, after in pairs]
+        else:
+            first, second = execution.outputs
+            changed = [
+                messages.bits_changed(name, first[name], second[name], what="between two calls")
+                for name in first
+            ]
+        problems = [text for text in changed if text]
+        if not problems:
+            return Verdict("passed", warnings=execution.warnings, info=execution.info)
+        text = messages.header(backend.name, case, what) + "\n".join(problems)
+        reason = f"{text}\nreproduce: {ctx.reproduce}"
+        return Verdict("failed", reason, warnings=execution.warnings, info=execution.info)
+
+    return run
+
+
+Check = Callable[[Backend, Case, Capabilities, CheckContext], Verdict]
+
+
+def _always(case: Case) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check: how it runs, the outputs it compares, which cases it applies to, whether it needs
+    the backward capability. A check that does not apply to a case is not generated (unlike
+    unsupported, which is reported)."""
+
+    run: Check
+    outputs: Callable[[Case], tuple[str, ...]]
+    applies: Callable[[Case], bool] = _always
+    grad: bool = False
+
+
+def _none(case: Case) -> tuple[str, ...]:
+    return ()
+
+
+def _training_case(case: Case) -> bool:
+    return case.training
+
+
+CHECKS: dict[str, CheckSpec] = {
+    "forward": CheckSpec(_comparing("forward", forward_outputs, grad=False), forward_outputs),
+    "backward": CheckSpec(_comparing("backward", grad_outputs, grad=True), grad_outputs, grad=True),
+    "training": CheckSpec(
+        _comparing("training", training_outputs, grad=False), training_outputs, applies=_training_case
+    ),
+    "inputs_unchanged": CheckSpec(_bitwise("inputs_unchanged", calls=1), _none),
+    "determinism": CheckSpec(_bitwise("determinism", calls=2), _none),
+}
+CHECK_NAMES: tuple[str, ...] = tuple(CHECKS)
+
+
+def run_check(check: str, backend: Backend, caps: Capabilities, case: Case, ctx: CheckContext) -> Result:
+    """Run one check and always return a Result; adapter faults become ``error`` results."""
+    start = time.perf_counter()
+    spec = CHECKS[check]
+    why = caps.why_not(case, grad=spec.grad)
+    verdict = Verdict("unsupported", why) if why is not None else _guarded(spec.run, backend, case, caps, ctx)
+    return Result(
+        backend=backend.name,
+        case=case.to_dict(),
+        check=check,
+        outcome=verdict.outcome,
+        reason=verdict.reason,
+        summary=summary_of(verdict.reason),
+        comparisons=tuple(
+            dataclasses.replace(c, ledger=verdict.ledger.get(c.output)) for c in verdict.comparisons
+        ),
+        duration_s=time.perf_counter() - start,
+        reproduce=ctx.reproduce,
+        extra=_extra(verdict),
+    )
+
+
+def _extra(verdict: Verdict) -> dict[str, object]:
+    extra: dict[str, object] = {}
+    if verdict.warnings:
+        extra["warnings"] = list(verdict.warnings)
+    if verdict.info:
+        extra["info"] = dict(verdict.info)
+    if verdict.bundle:
+        extra["bundle"] = verdict.bundle
+    return extra
+
+
+def _guarded(fn: Check, backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext) -> Verdict:
+    try:
+        return fn(backend, case, caps, ctx)
+    except Unsupported as exc:
+        return Verdict("unsupported", f"prepare() raised Unsupported: {exc}")
+    except AdapterError as exc:
+        return Verdict("error", f"{backend.name} {case.id}: {exc}\nreproduce: {ctx.reproduce}")

@@ -1,0 +1,344 @@
+"""The pytest plugin behind ``pytest conformance``: options, backend x case parametrization, results.
+
+Workers (or the single process) run checks and attach each Result to its test report; the one
+process that writes (the xdist controller, or the single process) collects them into one file.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.adapter import listing, registry
+from conformance.adapter.backend import Backend, BackendUnavailable, Capabilities
+from conformance.results.records import (
+    FingerprintRecord,
+    PropertyRecord,
+    Result,
+    from_dict,
+    header,
+    write_atomic,
+)
+from conformance.results.text import summary_of
+from conformance.running import checks, outcomes, shard, summary
+from conformance.running.nodeid import NODE_ID
+from conformance.running.settings import Settings, SettingsError, build
+
+SETTINGS = pytest.StashKey[Settings]()
+SHARD = pytest.StashKey[shard.Shard | None]()
+STATE = pytest.StashKey["RunState"]()
+PROPERTY = "normconf_result"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("normconf", "normconf conformance suite")
+    group.addoption("--backend", default="all", help="comma list of backend names, or 'all' (default)")
+    group.addoption("--op", default=None, help="comma list of ops to run (default: all in the profile)")
+    group.addoption("--dtype", default=None, help="comma list of activation dtypes to run")
+    group.addoption("--profile", default="smoke", help="case profile: smoke (default), ci, full")
+    group.addoption("--cases", default=None, help="JSON or TOML file of cases to run instead of a profile")
+    group.addoption(
+        "--results", default=None, help="results file (default .normconf/results.jsonl under the rootdir)"
+    )
+    group.addoption(
+        "--call-timeout", type=float, default=300.0, help="seconds before a backend call is an error"
+    )
+    group.addoption("--tolerances", default=None, help="tolerance file (default: the built-in matrix)")
+    group.addoption("--ledger", default=None, help="known-deviations ledger (default: the built-in one)")
+    group.addoption("--list-backends", action="store_true", help="list backends with origin and capabilities")
+    group.addoption(
+        "--shard", default=None, help="run only part K of N (e.g. 2/4): whole cases, dealt round-robin by id"
+    )
+    group.addoption(
+        "--save-failures",
+        default=None,
+        metavar="DIR",
+        help="write a shrunk, replayable bundle for every failed or xfailed comparison check under DIR",
+    )
+
+
+def _settings(config: pytest.Config) -> Settings:
+    results = config.getoption("--results")
+    path = Path(results) if results else config.rootpath / ".normconf" / "results.jsonl"
+    return build(
+        backend=config.getoption("--backend"),
+        op=config.getoption("--op"),
+        dtype=config.getoption("--dtype"),
+        profile=config.getoption("--profile"),
+        cases_file=config.getoption("--cases"),
+        results=path,
+        timeout=config.getoption("--call-timeout"),
+        tolerances_path=config.getoption("--tolerances"),
+        ledger_path=config.getoption("--ledger"),
+        save_failures=config.getoption("--save-failures"),
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    if config.getoption("--list-backends"):
+        print(listing.render(registry.entries()))
+        return 0
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "normconf: a normconf conformance check")
+    try:
+        settings = _settings(config)
+        part = shard.parse(config.getoption("--shard")) if config.getoption("--shard") else None
+    except (SettingsError, shard.ShardError) as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    config.stash[SETTINGS] = settings
+    config.stash[SHARD] = part
+    state = RunState(settings, config)
+    config.stash[STATE] = state
+    config.pluginmanager.register(state, "normconf-run-state")
+    if settings.explicit_backends and _suite_requested(config):
+        # A backend asked for by name must load; under 'all' a failure is a per-case skip instead.
+        for name in settings.backends:
+            state.load_strict(name)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``-n`` without an explicit ``--dist``, deal tests out by (backend, case signature), so a
+    backend exports or compiles each signature once per run instead of once per worker (see
+    conformance/running/scheduling.py). An explicit ``--dist MODE`` (``-d``, ``--dist=load``) is honoured."""
+    if config.getvalue("dist") != "load" or _dist_given(config.invocation_params.args):
+        return None
+    from conformance.running import scheduling  # needs xdist, present whenever this hook is called
+
+    return scheduling.SignatureScheduling(config, log, scheduling.scopes(config.stash[SETTINGS].cases))
+
+
+def _dist_given(args: tuple[str, ...]) -> bool:
+    return any(arg in ("-d", "--dist", "--distload") or arg.startswith("--dist=") for arg in args)
+
+
+# The benchmarks folder of the installed package (conformance/bench).
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """conformance/bench holds benchmarks: collected only when a path argument points into it, so
+    ``pytest conformance`` runs the conformance checks alone."""
+    if collection_path.resolve() != BENCH:
+        return None
+    base = config.invocation_params.dir
+    for arg in config.args:
+        target = (base / arg.split("::", 1)[0]).resolve()
+        if target == BENCH or BENCH in target.parents:
+            return None
+    return True
+
+
+def _suite_requested(config: pytest.Config) -> bool:
+    return any("conformance" in Path(str(arg)).parts or "conformance" in str(arg) for arg in config.args)
+
+
+class RunState:
+    """Per-process backend cache and, in the writing process, the collected records."""
+
+    def __init__(self, settings: Settings, config: pytest.Config) -> None:
+        self.settings = settings
+        self.config = config
+        self.loaded: dict[str, tuple[Backend, Capabilities] | str] = {}
+        self.records: list[dict[str, Any]] = []
+        self.writer = not hasattr(config, "workerinput")
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not self.writer:
+            return
+        recorded: list[dict[str, Any]] = [v for k, v in report.user_properties if k == PROPERTY]  # type: ignore[misc]
+        if recorded and report.when == "call":
+            self.records.append(recorded[-1])
+        elif not recorded and report.failed and report.when != "teardown":
+            synthesized = _crash_record(self, report)
+            if synthesized is not None:
+                self.records.append(synthesized)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if not self.writer or not self.records:
+            return
+        records = sorted(self.records, key=_order)
+        write_atomic(self.settings.results, [self._header(int(exitstatus)), *records])
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.writer or not self.records:
+            return
+        terminalreporter.section("normconf")
+        typed = [r for r in map(from_dict, self.records) if r is not None]
+        for line in summary.report(typed):
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(f"results: {self.settings.results}")
+
+    def _header(self, exitstatus: int) -> dict[str, Any]:
+        s = self.settings
+        backends: dict[str, Any] = {}
+        for name in s.backends:
+            loaded = self.backend(name)
+            backends[name] = {"unavailable": loaded} if isinstance(loaded, str) else loaded[1].to_dict()
+        return header(
+            self.config.rootpath,
+            profile=None if s.cases_file else s.profile,
+            cases_file=s.cases_file,
+            backends=backends,
+            tolerances={"path": s.tolerances.path, "sha256": s.tolerances.sha256},
+            ledger={
+                "path": s.ledger.path,
+                "sha256": s.ledger.sha256,
+                "entries": [entry.to_dict() for entry in s.ledger.entries],
+            },
+            exitstatus=exitstatus,
+            checks=list(checks.CHECK_NAMES),
+            **_shard_field(self.config),
+        )
+
+    def load_strict(self, name: str) -> None:
+        try:
+            entry = registry.entries()[name]
+            backend = entry.load()
+            self.loaded[name] = (backend, backend.capabilities())
+        except (registry.BackendLoadError, BackendUnavailable) as exc:
+            raise pytest.UsageError(f"--backend {name}: {exc}") from exc
+
+    def backend(self, name: str) -> tuple[Backend, Capabilities] | str:
+        """The loaded backend and its capabilities, or why it is unavailable (cached per process)."""
+        if name not in self.loaded:
+            try:
+                backend = registry.entries()[name].load()
+                self.loaded[name] = (backend, backend.capabilities())
+            except (registry.BackendLoadError, BackendUnavailable) as exc:
+                self.loaded[name] = f"backend {name} unavailable: {exc}"
+        return self.loaded[name]
+
+    def reproduce(self, nodeid: str, backend: str) -> str:
+        s = self.settings
+        parts = ["pytest", nodeid, "--backend", backend]
+        parts += ["--cases", s.cases_file] if s.cases_file else ["--profile", s.profile]
+        parts += ["--tolerances", s.tolerances_option] if s.tolerances_option else []
+        parts += ["--ledger", s.ledger_option] if s.ledger_option else []
+        parts += _plugin_args(self.config)
+        return shlex.join(parts)
+
+
+def _order(record: dict[str, Any]) -> tuple[int, str, str, str]:
+    """Results (backend, case, check) first, then fingerprints and properties (backend, name)."""
+    kind = record.get("kind", "result")
+    if kind == "result":
+        return (0, record["backend"], record["case"].get("id", ""), record["check"])
+    name = record.get("question") or record.get("property") or ""
+    return (1 if kind == "fingerprint" else 2, record["backend"], name, "")
+
+
+def _shard_field(config: pytest.Config) -> dict[str, Any]:
+    part = config.stash[SHARD]
+    return {"shard": part.to_dict()} if part is not None else {}
+
+
+def _plugin_args(config: pytest.Config) -> list[str]:
+    args = list(config.invocation_params.args)
+    extra = []
+    for i, arg in enumerate(args):
+        if arg == "-p" and i + 1 < len(args):
+            extra += ["-p", args[i + 1]]
+        elif arg.startswith("-p") and len(arg) > 2:
+            extra.append(arg)
+    return extra
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "normconf_target" not in metafunc.fixturenames:
+        return
+    check = metafunc.function.__name__.removeprefix("test_")
+    if check not in checks.CHECKS:
+        raise pytest.UsageError(
+            f"{metafunc.function.__name__}: no check named {check!r}; known {list(checks.CHECKS)}"
+        )
+    settings = metafunc.config.stash[SETTINGS]
+    # Case-major order: consecutive tests share one case, so its inputs and oracle are computed once.
+    targets = [
+        (backend, case)
+        for case in settings.cases
+        if checks.CHECKS[check].applies(case)
+        for backend in settings.backends
+    ]
+    metafunc.parametrize("normconf_target", targets, ids=[f"{b}:{c.id}" for b, c in targets])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    part = config.stash.get(SHARD, None)
+    if part is None:
+        return
+    kept = shard.select(items, part, _case_id, lambda item: item.nodeid)
+    chosen = set(map(id, kept))
+    deselected = [item for item in items if id(item) not in chosen]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+    items[:] = kept
+
+
+def _case_id(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    target = callspec.params.get("normconf_target") if callspec is not None else None
+    # An empty parametrization holds a NOTSET marker, not a (backend, case) pair.
+    return target[1].id if isinstance(target, tuple) else None
+
+
+@pytest.fixture
+def normconf_run(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Run one check for this test's backend x case, record the Result, map it to a test outcome."""
+    state: RunState = request.config.stash[STATE]
+    backend_name, case = request.node.callspec.params["normconf_target"]
+
+    def run(check: str) -> None:
+        ctx = checks.CheckContext(
+            state.settings.tolerances,
+            state.settings.ledger,
+            state.settings.timeout,
+            state.reproduce(request.node.nodeid, backend_name),
+            state.settings.save_failures,
+        )
+        loaded = state.backend(backend_name)
+        if isinstance(loaded, str):
+            result = Result(
+                backend_name,
+                case.to_dict(),
+                check,
+                "skipped",
+                loaded,
+                summary_of(loaded),
+                reproduce=ctx.reproduce,
+            )
+        else:
+            result = checks.run_check(check, loaded[0], loaded[1], case, ctx)
+        request.node.user_properties.append((PROPERTY, result.to_dict()))
+        outcomes.enforce(result.outcome, result.reason)
+
+    return run
+
+
+def _crash_record(state: RunState, report: pytest.TestReport) -> dict[str, Any] | None:
+    """A test that died without a Result (worker crash, fixture error) still gets an error record."""
+    match = NODE_ID.search(report.nodeid)
+    if match is None:
+        return None
+    text = str(report.longrepr) if report.longrepr else "test failed without a result"
+    if match["check"] == "fingerprint":
+        return FingerprintRecord(match["backend"], match["case"], "error", reason=text).to_dict()
+    if match["check"] == "properties":
+        return PropertyRecord(match["backend"], match["case"], "error", text).to_dict()
+    if match["check"] not in checks.CHECKS:
+        return None
+    case = next((c for c in state.settings.cases if c.id == match["case"]), None)
+    case_dict = case.to_dict() if case is not None else {"id": match["case"]}
+    reproduce = state.reproduce(report.nodeid, match["backend"])
+    error = Result(
+        match["backend"], case_dict, match["check"], "error", text, summary_of(text), reproduce=reproduce
+    )
+    return error.to_dict()

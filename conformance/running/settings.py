@@ -1,0 +1,111 @@
+"""Validated run settings built from the pytest options: which backends, which cases, which rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from conformance.adapter import registry
+from conformance.judging import ledger, tolerances
+from conformance.model import casefile, profiles
+from conformance.model.case import OPS, Case
+from conformance.model.dtypes import DTYPES
+from conformance.properties.catalog import PROPERTIES
+from conformance.running.checks import CHECK_NAMES
+
+
+def load_ledger(path: str | Path | None = None) -> ledger.Ledger:
+    """The ledger (the built-in one by default), its entries' ``check`` one of the checks or properties."""
+    return ledger.load(path, (*CHECK_NAMES, *PROPERTIES))
+
+
+class SettingsError(ValueError):
+    """A bad option value; the message names the option, the value and the allowed choices."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    backends: tuple[str, ...]
+    explicit_backends: bool
+    cases: tuple[Case, ...]
+    profile: str
+    cases_file: str | None
+    results: Path
+    timeout: float
+    tolerances: tolerances.ToleranceTable
+    ledger: ledger.Ledger
+    tolerances_option: str | None
+    ledger_option: str | None
+    save_failures: Path | None = None
+
+
+def _choices(option: str, value: str | None, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise SettingsError(f"{option}={value!r} is not allowed; allowed: comma list of {', '.join(allowed)}")
+    return names
+
+
+def _cases(
+    profile: str, cases_file: str | None, ops: tuple[str, ...] | None, dtypes: tuple[str, ...] | None
+) -> tuple[Case, ...]:
+    if cases_file is not None:
+        chosen = casefile.load(cases_file)
+    else:
+        if profile not in profiles.PROFILES:
+            raise SettingsError(
+                f"--profile={profile!r} is not allowed; allowed: {', '.join(profiles.PROFILES)}"
+            )
+        chosen = profiles.cases(profile)
+    selected = tuple(
+        c for c in chosen if (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)
+    )
+    if not selected:
+        source = f"--cases={cases_file}" if cases_file else f"--profile={profile}"
+        raise SettingsError(f"no case selected: {source} has no case with --op={ops} --dtype={dtypes}")
+    return selected
+
+
+def build(
+    *,
+    backend: str,
+    op: str | None,
+    dtype: str | None,
+    profile: str,
+    cases_file: str | None,
+    results: Path,
+    timeout: float,
+    tolerances_path: str | None,
+    ledger_path: str | None,
+    save_failures: str | None = None,
+) -> Settings:
+    """Validate every option up front so a bad value stops the run before any case runs."""
+    try:
+        names = registry.resolve(backend, registry.entries())
+        if not timeout > 0:
+            raise SettingsError(f"--call-timeout={timeout!r} is not allowed; allowed: seconds > 0")
+        cases = _cases(profile, cases_file, _choices("--op", op, OPS), _choices("--dtype", dtype, DTYPES))
+        return Settings(
+            backends=tuple(names),
+            explicit_backends=backend.strip() != "all",
+            cases=cases,
+            profile=profile,
+            cases_file=cases_file,
+            results=results,
+            timeout=timeout,
+            tolerances=tolerances.load(tolerances_path),
+            ledger=load_ledger(ledger_path),
+            tolerances_option=tolerances_path,
+            ledger_option=ledger_path,
+            save_failures=Path(save_failures) if save_failures else None,
+        )
+    except (
+        registry.RegistryError,
+        casefile.CaseFileError,
+        tolerances.ToleranceError,
+        ledger.LedgerError,
+    ) as exc:
+        raise SettingsError(str(exc)) from exc

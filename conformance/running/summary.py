@@ -1,0 +1,113 @@
+"""Terminal summary: backend x op counts of each outcome, the fingerprint and the properties tables."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from conformance.fingerprint import QUESTIONS
+from conformance.results.records import OUTCOMES, FingerprintRecord, PropertyRecord, Record, Result
+
+
+def _results(records: Iterable[Record]) -> list[Result]:
+    return [r for r in records if isinstance(r, Result)]
+
+
+def _fingerprints(records: Iterable[Record]) -> list[FingerprintRecord]:
+    return [r for r in records if isinstance(r, FingerprintRecord)]
+
+
+def _properties(records: Iterable[Record]) -> list[PropertyRecord]:
+    return [r for r in records if isinstance(r, PropertyRecord)]
+
+
+def counts(records: Iterable[Record]) -> dict[tuple[str, str], Counter[str]]:
+    table: dict[tuple[str, str], Counter[str]] = {}
+    for record in _results(records):
+        table.setdefault((record.backend, record.op), Counter())[record.outcome] += 1
+    return dict(sorted(table.items()))
+
+
+def _aligned(head: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
+    rows = [list(head), *map(list, body)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def table(records: Iterable[Record]) -> list[str]:
+    rows = counts(records)
+    head = ["backend", "op", *OUTCOMES]
+    return _aligned(
+        head, ([backend, op, *(str(c[o]) for o in OUTCOMES)] for (backend, op), c in rows.items())
+    )
+
+
+def fingerprint_cell(record: FingerprintRecord) -> str:
+    """The answer; `*` marks one that differs from normconf's reference semantics."""
+    if record.outcome != "answered":
+        return {"unsupported": "-", "skipped": "-", "error": "error"}.get(record.outcome, record.outcome)
+    answer = record.answer
+    if answer == "unmatched" and record.estimate is not None:
+        return f"~{record.estimate:.3g}?"
+    if not record.matched:
+        return answer.split(":")[0] + "?"
+    reference = record.reference
+    return answer if not reference or answer == reference else f"{answer}*"
+
+
+def fingerprints(records: Iterable[Record]) -> list[str]:
+    """Question x backend table of answers, or nothing when no fingerprint ran."""
+    found = _fingerprints(records)
+    if not found:
+        return []
+    backends = sorted({r.backend for r in found})
+    questions = sorted({r.question for r in found}, key=_question_order)
+    cells = {(r.question, r.backend): fingerprint_cell(r) for r in found}
+    body = ([q, *(cells.get((q, b), "") for b in backends)] for q in questions)
+    legend = "fingerprint (* differs from normconf's reference, ? no hypothesis matched, - not asked)"
+    return [legend, *_aligned(["question", *backends], body)]
+
+
+def property_cell(record: PropertyRecord) -> str:
+    return {"unsupported": "-", "skipped": "-"}.get(record.outcome, record.outcome)
+
+
+def properties(records: Iterable[Record]) -> list[str]:
+    """Property x backend outcomes and the list of bitwise batch-invariant backends."""
+    found = _properties(records)
+    if not found:
+        return []
+    backends = sorted({r.backend for r in found})
+    names = list(dict.fromkeys(r.property for r in found))
+    cells = {(r.property, r.backend): property_cell(r) for r in found}
+    body = ([p, *(cells.get((p, b), "") for b in backends)] for p in names)
+    lines = ["properties", *_aligned(["property", *backends], body)]
+    invariant = batch_invariant(found)
+    if invariant is not None:
+        examples = {r.backend: r.examples for r in found if r.property == "row_independence"}
+        named = ", ".join(f"{b} ({examples[b]} examples)" for b in invariant)
+        lines.append("batch-invariant (bitwise): " + (named or "none"))
+    return lines
+
+
+def batch_invariant(records: Iterable[Record]) -> list[str] | None:
+    """Backends whose row_independence examples all gave identical bits (None if it did not run)."""
+    runs = [r for r in _properties(records) if r.property == "row_independence"]
+    if not runs:
+        return None
+    return sorted(r.backend for r in runs if r.bitwise is True)
+
+
+def _question_order(name: str) -> tuple[int, str]:
+    """The question table's order (related questions together), unknown names last."""
+    order = list(QUESTIONS)
+    return (order.index(name) if name in order else len(order), name)
+
+
+def report(records: Sequence[Record]) -> list[str]:
+    """Every table the terminal summary shows, separated by blank lines."""
+    parts = [table(records), fingerprints(records), properties(records)]
+    lines: list[str] = []
+    for part in filter(None, parts):
+        lines += ([""] if lines else []) + part
+    return lines

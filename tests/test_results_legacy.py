@@ -1,0 +1,80 @@
+"""Schema 1 results files (tests/data/results_schema1.jsonl, written by the suite before schema 2) still
+load as typed records, render, merge and compare; and the scripts read results through the same reader."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, TESTS
+
+from conformance.cli import main
+from conformance.results import records, runs
+from conformance.results.diff import diff
+from reports import sections
+
+SCHEMA_1 = TESTS / "data" / "results_schema1.jsonl"
+
+
+def test_schema_1_file_is_upgraded_to_typed_records():
+    loaded = records.load(SCHEMA_1)
+    assert loaded.header.schema == 1 and loaded.header.checks[:2] == ("forward", "backward")
+    xfailed = [r for r in loaded.results if r.outcome == "xfailed"]
+    assert len(xfailed) == 4 and all(r.summary.startswith(("dx: ", "y: ")) for r in xfailed)
+    # The entry each output cites, recovered from the reason: dbias passed, so it cites none.
+    backward = next(r for r in xfailed if r.check == "backward")
+    assert {c.output: c.ledger for c in backward.comparisons} == {"dx": 11, "dweight": 9, "dbias": None}
+    assert backward.ledger_entries == (11, 9)
+    rule = backward.comparisons[0].tolerance
+    assert rule.rule == 10 and dict(rule.keys) == {"output": "dx", "dtype": "float16"}
+    assert rule.file == "tolerances.toml" and rule.source.startswith("tolerances.toml rule[10] ")
+    passed = next(r for r in loaded.results if r.outcome == "passed")
+    assert passed.summary == "" and all(c.ledger is None for c in passed.comparisons)
+    assert len(loaded.fingerprints) == 2 and len(loaded.properties) == 2
+    assert "not readable here" in loaded.header.ledger_note  # the run's ledger path is not on this machine
+
+
+def test_schema_1_file_renders_with_the_cited_entries(tmp_path, capsys):
+    out = tmp_path / "report.html"
+    assert main.main(["report", str(SCHEMA_1), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert '<section id="matrix">' in text and "torch-eager" in text
+    rows = sections.deviations(runs.load([SCHEMA_1])).rows
+    assert [(r.index, r.xfailed) for r in rows] == [(9, 2), (11, 2), (13, 2)]
+    assert main.main(["report", str(SCHEMA_1), "--format", "md"]) == 0
+    assert "## normconf report" in capsys.readouterr().out
+
+
+def _as_schema_2(tmp_path: Path) -> Path:
+    """The same run written as schema 2: what the current writer would have written for it."""
+    header, raw = records.read_raw(SCHEMA_1)
+    typed = [records.from_dict(r) for r in raw]
+    current = {**header, "schema": records.SCHEMA_VERSION}
+    path = tmp_path / "results_schema2.jsonl"
+    records.write_atomic(path, [current, *(r.to_dict() for r in typed if r is not None)])
+    return path
+
+
+def test_schema_1_and_2_of_one_run_compare_equal(tmp_path, capsys):
+    current = _as_schema_2(tmp_path)
+    assert [r.to_dict() for r in records.load(current).results] == [
+        r.to_dict() for r in records.load(SCHEMA_1).results
+    ]
+    base, new = runs.load([SCHEMA_1, current])
+    changes = diff(base.records, new.records)
+    assert (changes.new_failures, changes.fixed, changes.growth, changes.regression) == ((), (), (), False)
+    assert changes.common == len(base.records)
+    assert main.main(["compare", str(SCHEMA_1), str(current)]) == 0
+    assert "new failures (0)" in capsys.readouterr().out
+
+
+def test_scripts_read_results_through_the_typed_reader():
+    run = [sys.executable, str(ROOT / "scripts" / "headroom.py"), str(SCHEMA_1)]
+    table = subprocess.run(run, capture_output=True, text=True, check=True, timeout=60).stdout
+    assert "| torch-nn | y | bfloat16 | 4 |" in table
+    run = [sys.executable, str(ROOT / "scripts" / "propose_ledger.py"), str(SCHEMA_1)]
+    proposal = subprocess.run(run, capture_output=True, text=True, check=True, timeout=60).stdout
+    assert 'backend = "torch-eager"' in proposal and 'output = "dx"' in proposal
+    assert json.loads(SCHEMA_1.read_text().splitlines()[0])["schema"] == 1
