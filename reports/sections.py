@@ -143,7 +143,7 @@ def deviations(runs: Sequence[Run]) -> Deviations:
     for run in runs:
         header = run.header
         if header.ledger_note:
-            notes.append(header.ledger_note)
+            notes.append(f"{run.label}: {header.ledger_note}")
         entries.update({e.index: e for e in header.ledger_entries or ()})
         for record in run.records:
             if record.outcome not in ("xfailed", "xpassed"):

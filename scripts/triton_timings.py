@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from conformance import Case, registry
+from conformance import Case
+from conformance.adapter import registry
 from conformance.model.dtypes import numpy_dtype
 from conformance.model.inputs import make_inputs
 

@@ -352,3 +352,5 @@ def test_rows_and_param_shape(case, rows, param_shape):
 def test_params_defaults_to_dtype():
     assert ln().weight_dtype == "float32"
     assert ln(dtype="float16", param_dtype="float32").weight_dtype == "float32"
+    with pytest.warns(DeprecationWarning, match=r"Case\.params is deprecated; use Case\.weight_dtype"):
+        assert ln(dtype="bfloat16").params == "bfloat16"

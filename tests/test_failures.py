@@ -26,7 +26,7 @@ TABLE = tolerances.load()
 
 
 def _first(backend, case, check="forward"):
-    names = {"forward": checks.forward_outputs, "backward": checks.grad_outputs}[check](case)
+    names = checks.CHECKS[check].outputs(case)
     grad = check == "backward"
     run = failures.runner(backend, names, grad, TABLE, 30)
     inputs = conformance.model.inputs.make_inputs(case, grad=True)

@@ -3,6 +3,7 @@ load as typed records, render, merge and compare; and the scripts read results t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -78,3 +79,51 @@ def test_scripts_read_results_through_the_typed_reader():
     proposal = subprocess.run(run, capture_output=True, text=True, check=True, timeout=60).stdout
     assert 'backend = "torch-eager"' in proposal and 'output = "dx"' in proposal
     assert json.loads(SCHEMA_1.read_text().splitlines()[0])["schema"] == 1
+
+
+def _schema_1_file(tmp_path: Path, records_: list[dict], **header: object) -> Path:
+    lines = SCHEMA_1.read_text().splitlines()
+    path = tmp_path / "old.jsonl"
+    first = {**json.loads(lines[0]), **header}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [first, *records_]))
+    return path
+
+
+def _first_result() -> dict:
+    return next(r for r in map(json.loads, SCHEMA_1.read_text().splitlines()[1:]) if r["kind"] == "result")
+
+
+def test_schema_1_failed_reason_cites_the_entry_whose_band_was_exceeded(tmp_path):
+    record = _first_result()
+    outputs = [c["output"] for c in record["comparisons"]]
+    reason = "\n\n".join(
+        f"torch-eager {record['case']['id']} [backward]\noutput '{name}' out of tolerance\n  figures\n"
+        + (f"  ledger deviation[{i}] covers this output up to worst_ratio 2, measured 9\n" if i else "")
+        + "  reproduce: pytest x"
+        for i, name in enumerate(outputs)
+    )
+    path = _schema_1_file(tmp_path, [{**record, "outcome": "failed", "reason": reason}])
+    (result,) = records.load(path).results
+    assert {c.output: c.ledger for c in result.comparisons} == {
+        name: (i or None) for i, name in enumerate(outputs)
+    }
+    assert result.summary == f"output '{outputs[0]}' out of tolerance"
+
+
+def test_schema_1_built_in_ledger_is_found_where_it_lives_now(tmp_path):
+    builtin = ROOT / "conformance" / "judging" / "ledger.toml"
+    sha = hashlib.sha256(builtin.read_bytes()).hexdigest()
+    old_place = {"path": "/elsewhere/site-packages/conformance/ledger.toml", "sha256": sha}
+    header = records.load(_schema_1_file(tmp_path, [_first_result()], ledger=old_place)).header
+    assert header.ledger_note == "" and header.ledger_entries
+    assert header.ledger_entries[0].index == 0 and header.ledger_entries[0].reason
+    # A different file at that place is not taken for the built-in one.
+    changed = {**old_place, "sha256": "0" * 64}
+    header = records.load(_schema_1_file(tmp_path, [_first_result()], ledger=changed)).header
+    assert header.ledger_entries is None and "changed since the run" in header.ledger_note
+
+
+def test_schema_1_reproduce_commands_name_the_plugin_where_it_lives_now(tmp_path):
+    record = {**_first_result(), "reproduce": "pytest 'x' --backend torch-eager -p conformance.progress"}
+    (result,) = records.load(_schema_1_file(tmp_path, [record])).results
+    assert result.reproduce == "pytest 'x' --backend torch-eager -p conformance.cli.progress"

@@ -25,7 +25,7 @@ from conformance.model.case import Case
 from conformance.model.outputs import output_shape, produced
 from conformance.results.records import FingerprintRecord
 
-__all__ = ["QUESTIONS", "SEPARATION", "Fingerprint", "ask", "classify", "judge"]
+__all__ = ["QUESTIONS", "SEPARATION", "ask", "classify", "judge"]
 
 # The runner-up must be this many times the noise bound (or the best error) away to be told apart.
 SEPARATION = 4.0

@@ -58,13 +58,14 @@ class Deviation:
         return self.training is None or self.training == case.training
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        record = {
             "index": self.index,
             "match": {k: list(v) for k, v in self.match.items()},
             "band": [jsonable(b) for b in self.band],  # an open band is [1, inf]
             "reason": self.reason,
             "link": self.link,
         }
+        return {**record, "training": self.training} if self.training is not None else record
 
 
 @dataclass(frozen=True)

@@ -75,9 +75,10 @@ def judge(
     entries = {c.output: e for c in comparisons if (e := ledger.find(backend, case, check, c.output))}
     stale = [c for c in comparisons if c.passed and c.output in entries]
     if stale:
-        cited = {c.output: entries[c.output].index for c in stale}
-        text = messages.stale(backend, case, check, stale[0], entries[stale[0].output], reproduce)
-        return Verdict("xpassed", text, comparisons, cited)
+        # The entry the message names: the first output that passed although an entry expects it to fail.
+        first = stale[0]
+        text = messages.stale(backend, case, check, first, entries[first.output], reproduce)
+        return Verdict("xpassed", text, comparisons, {first.output: entries[first.output].index})
     failing = [c for c in comparisons if not c.passed]
     if not failing:
         return Verdict("passed", "", comparisons)

@@ -7,6 +7,7 @@ shared by pytest ids, benchmark ids and the report.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -147,6 +148,12 @@ class Case:
         if not self.training and self.momentum != 0.1:
             # momentum only matters for a training update; one spelling keeps ids unique.
             raise _fail("momentum", self.momentum, f"0.1 (unused) for op={self.op} with training=False")
+
+    @property
+    def params(self) -> str:
+        """The former name of ``weight_dtype``, kept for adapters written against it."""
+        warnings.warn("Case.params is deprecated; use Case.weight_dtype", DeprecationWarning, stacklevel=2)
+        return self.weight_dtype
 
     @property
     def weight_dtype(self) -> str:

@@ -106,7 +106,7 @@ def evaluate(
     *,
     price: bool = True,
 ) -> Evaluation:
-    """Evaluation ``backend`` on ``inputs`` (validated, under the deadline); with ``price``, also the oracle's
+    """Run ``backend`` on ``inputs`` (validated, under the deadline); with ``price``, also the oracle's
     answer and every element's allowance."""
     given = dict(inputs) if grad else {k: v for k, v in inputs.items() if k != "dy"}
     shapes = {name: output_shape(case, name) for name in produced(case, grad)}

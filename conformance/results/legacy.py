@@ -18,20 +18,29 @@ from typing import Any
 from conformance.results.text import summary_of
 
 Raw = dict[str, Any]
+# Schema 1 headers did not list the checks; these are the ones (in order) every schema 1 suite ran.
+SCHEMA_1_CHECKS: tuple[str, ...] = ("forward", "backward", "training", "inputs_unchanged", "determinism")
+# Where a schema 1 run's built-in ledger lived, and where the same file lives now: a file recorded at
+# the old place is found at the new one (the sha256 must still match).
+_OLD_BUILTIN_LEDGER = ("conformance", "ledger.toml")
+_BUILTIN_LEDGER = Path(__file__).resolve().parents[1] / "judging" / "ledger.toml"
+# Module paths a schema 1 reproduce command may name, and their places now.
+_MOVED_PLUGINS = {"-p conformance.progress": "-p conformance.cli.progress"}
 _RULE = re.compile(r"\brule\[(\d+)\]")
 _RULE_KEYS = re.compile(r"\b(op|output|dtype|dist)=(\S+)")
 # An xfailed reason is "<output>: <why> (ledger deviation[N])" per output, joined by "; ".
 _XFAILED_CITE = re.compile(r" \(ledger deviation\[(\d+)\]\)")
 # An xpassed reason names one output: "ledger deviation[N] expects output 'y' to fail".
 _XPASSED = re.compile(r"ledger deviation\[(\d+)\] expects output '(\w+)'")
+# A failed reason has a block per failing output: "output 'y' ..." and, where an entry covered it,
+# "ledger deviation[N] covers this output up to ...".
+_FAILED_OUTPUT = re.compile(r"^output '(\w+)'", re.M)
+_FAILED_CITE = re.compile(r"ledger deviation\[(\d+)\] covers this output")
+_MATCH_KEYS = ("backend", "check", "output", "op", "dtype", "dist", "case")
 
 
 def upgrade(file: Path, header: Raw, records: list[Raw]) -> tuple[Raw, list[Raw]]:
-    return _header(file, header), [_result(r) if r.get("kind", "result") == "result" else r for r in records]
-
-
-# Schema 1 headers did not list the checks; these are the ones (in order) every schema 1 suite ran.
-SCHEMA_1_CHECKS: tuple[str, ...] = ("forward", "backward", "training", "inputs_unchanged", "determinism")
+    return _header(file, header), [_result(r) if r.get("kind") == "result" else r for r in records]
 
 
 def _header(file: Path, raw: Raw) -> Raw:
@@ -39,42 +48,51 @@ def _header(file: Path, raw: Raw) -> Raw:
     ledger = header.get("ledger")
     if not isinstance(ledger, Mapping):
         return header
-    entries, note = _ledger_entries(file, ledger)
+    entries, note = _ledger_entries(ledger)
     upgraded = {**header, "ledger": {**ledger, **({"entries": entries} if entries is not None else {})}}
     return {**upgraded, "ledger_note": note} if note else upgraded
 
 
-def _ledger_entries(file: Path, ledger: Mapping[str, Any]) -> tuple[list[Raw] | None, str]:
-    """The entries of the ledger file the header names, if it is still here and unchanged."""
+def _ledger_bytes(path: Path) -> bytes | None:
+    """The ledger file a header names, or the built-in one where the header names its old place."""
+    for candidate in (path, _BUILTIN_LEDGER if path.parts[-2:] == _OLD_BUILTIN_LEDGER else None):
+        if candidate is not None:
+            try:
+                return candidate.read_bytes()
+            except OSError:
+                continue
+    return None
+
+
+def _ledger_entries(ledger: Mapping[str, Any]) -> tuple[list[Raw] | None, str]:
+    """The entries of the ledger file the header names, if it is still here and unchanged; else a note
+    (the report prefixes it with the run's label)."""
     path = Path(str(ledger.get("path", "")))
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return (
-            None,
-            f"{file.stem}: ledger {path} is not readable here; entries are shown as the results cite them",
-        )
+    raw = _ledger_bytes(path)
+    if raw is None:
+        return None, f"ledger {path} is not readable here; entries are shown as the results cite them"
     if hashlib.sha256(raw).hexdigest() != ledger.get("sha256"):
-        return (
-            None,
-            f"{file.stem}: ledger {path} changed since the run; entries are shown as the results cite them",
-        )
+        return None, f"ledger {path} changed since the run; entries are shown as the results cite them"
     try:
         tables = tomllib.loads(raw.decode()).get("deviation", [])
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        return None, f"{file.stem}: ledger {path} is not readable: {exc}"
-    match_keys = ("backend", "check", "output", "op", "dtype", "dist", "case")
-    return [
-        {
-            "index": i,
-            "match": {k: t[k] if isinstance(t[k], list) else [t[k]] for k in match_keys if k in t},
-            "band": t.get("band", []),
-            "reason": str(t.get("reason", "")),
-            "link": str(t.get("link", "")),
-        }
-        for i, t in enumerate(tables)
-        if isinstance(t, dict)
-    ], ""
+        return None, f"ledger {path} is not readable: {exc}"
+    if not isinstance(tables, list):
+        return None, f"ledger {path}: expected [[deviation]] tables"
+    return [_entry(i, t) for i, t in enumerate(tables) if isinstance(t, dict)], ""
+
+
+def _entry(index: int, table: Mapping[str, Any]) -> Raw:
+    entry = {
+        "index": index,
+        "match": {
+            k: table[k] if isinstance(table[k], list) else [table[k]] for k in _MATCH_KEYS if k in table
+        },
+        "band": table.get("band", []),
+        "reason": str(table.get("reason", "")),
+        "link": str(table.get("link", "")),
+    }
+    return {**entry, "training": table["training"]} if isinstance(table.get("training"), bool) else entry
 
 
 def _result(record: Raw) -> Raw:
@@ -90,14 +108,20 @@ def _result(record: Raw) -> Raw:
         if isinstance(comparisons, list)
         else comparisons
     )
-    return {**record, "summary": summary_of(reason), "comparisons": upgraded}
+    reproduce = str(record.get("reproduce", ""))
+    for old, new in _MOVED_PLUGINS.items():
+        reproduce = reproduce.replace(old, new)
+    return {**record, "summary": summary_of(reason), "comparisons": upgraded, "reproduce": reproduce}
 
 
 def _cited(outcome: str, reason: str) -> dict[str, int]:
-    """Output -> ledger entry index, as the reason of a schema 1 xfailed or xpassed result names it."""
+    """Output -> ledger entry index, as the reason of a schema 1 result names it."""
     if outcome == "xpassed":
         found = _XPASSED.search(reason)
         return {found[2]: int(found[1])} if found else {}
+    if outcome == "failed":
+        blocks = ((_FAILED_OUTPUT.search(b), _FAILED_CITE.search(b)) for b in reason.split("\n\n"))
+        return {output[1]: int(cite[1]) for output, cite in blocks if output and cite}
     if outcome != "xfailed":
         return {}
     cited, start = {}, 0

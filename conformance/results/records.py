@@ -71,6 +71,12 @@ def _index(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _count(raw: Mapping[str, Any], name: str) -> int:
+    """A recorded count (numel, mismatched, examples); 0 where it is absent or not a number."""
+    value = figure(raw.get(name, 0))
+    return int(value) if math.isfinite(value) else 0
+
+
 @dataclass(frozen=True)
 class ToleranceRecord:
     """The tolerance rule a comparison was judged by: its figures, its file, index and keys, and why."""
@@ -166,8 +172,8 @@ class ComparisonRecord:
         index = raw.get("worst_index") or []
         return cls(
             _str(raw, "output", "?"),
-            int(figure(raw.get("numel", 0)) or 0),
-            int(figure(raw.get("mismatched", 0)) or 0),
+            _count(raw, "numel"),
+            _count(raw, "mismatched"),
             figure(raw.get("max_abs")),
             figure(raw.get("max_rel")),
             figure(raw.get("max_ulp")),
@@ -373,7 +379,7 @@ class PropertyRecord:
             _str(raw, "property", "?"),
             _str(raw, "outcome", "error"),
             _str(raw, "reason"),
-            int(figure(raw.get("examples", 0)) or 0),
+            _count(raw, "examples"),
             figure(raw.get("worst_ratio", 0.0)),
             bitwise if isinstance(bitwise, bool) else None,
             dict(counterexample) if isinstance(counterexample, Mapping) else None,
@@ -395,8 +401,8 @@ KINDS: dict[str, type[Result] | type[FingerprintRecord] | type[PropertyRecord]] 
 
 
 def from_dict(raw: Mapping[str, Any]) -> Record | None:
-    """Any non-header record by its ``kind`` (a record without one is a result); None for other kinds."""
-    kind = KINDS.get(str(raw.get("kind", "result")))
+    """Any non-header record by its ``kind``; None for a kind this reader does not know."""
+    kind = KINDS.get(str(raw.get("kind")))
     return None if kind is None else kind.from_dict(raw)
 
 
@@ -423,17 +429,23 @@ class LedgerEntry:
     band: tuple[float, float]
     reason: str
     link: str = ""
+    training: bool | None = None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LedgerEntry:
         match = raw.get("match") or {}
-        band = raw.get("band") or [math.nan, math.nan]
+        band = raw.get("band")
+        low, high = band if isinstance(band, list) and len(band) == 2 else (math.nan, math.nan)
+        training = raw.get("training")
         return cls(
-            int(raw.get("index", -1)),
-            {str(k): tuple(map(str, v if isinstance(v, list) else [v])) for k, v in match.items()},
-            (figure(band[0]), figure(band[1])),
+            _index(raw.get("index")) or 0,
+            {str(k): tuple(map(str, v if isinstance(v, list) else [v])) for k, v in match.items()}
+            if isinstance(match, Mapping)
+            else {},
+            (figure(low), figure(high)),
             _str(raw, "reason"),
             _str(raw, "link"),
+            training if isinstance(training, bool) else None,
         )
 
 

@@ -59,21 +59,19 @@ def _execute(backend: Backend, case: Case, ctx: CheckContext, grad: bool, calls:
     )
 
 
-def _comparing(check: str, outputs: Callable[[Case], tuple[str, ...]], grad: bool) -> Check:
-    """A check that compares ``outputs(case)`` with the oracle."""
-
-    def run(backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext) -> Verdict:
-        execution = _execute(backend, case, ctx, grad)
-        inputs, expected = materials(case)
-        actual = execution.outputs[0]
-        comparisons = compare_outputs(case, inputs, expected, actual, outputs(case), ctx.tolerances)
-        verdict = judge(backend.name, case, check, comparisons, ctx.ledger, ctx.reproduce)
-        verdict = dataclasses.replace(verdict, warnings=execution.warnings, info=execution.info)
-        if ctx.save_failures is not None and verdict.outcome in ("failed", "xfailed"):
-            verdict = _saved(backend, case, check, grad, ctx, actual, verdict)
-        return verdict
-
-    return run
+def _compared(
+    spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext
+) -> Verdict:
+    """Compare the spec's outputs with the oracle's, then apply the ledger."""
+    execution = _execute(backend, case, ctx, spec.grad)
+    inputs, expected = materials(case)
+    actual = execution.outputs[0]
+    comparisons = compare_outputs(case, inputs, expected, actual, spec.outputs(case), ctx.tolerances)
+    verdict = judge(backend.name, case, spec.name, comparisons, ctx.ledger, ctx.reproduce)
+    verdict = dataclasses.replace(verdict, warnings=execution.warnings, info=execution.info)
+    if ctx.save_failures is not None and verdict.outcome in ("failed", "xfailed"):
+        verdict = _saved(backend, case, spec.name, spec.grad, ctx, actual, verdict)
+    return verdict
 
 
 def _saved(
@@ -104,66 +102,66 @@ def _saved(
     return dataclasses.replace(verdict, reason=verdict.reason + where, bundle=str(path))
 
 
-def _bitwise(what: str, calls: int) -> Check:
-    """A check that compares bits: the inputs before and after the call, or the outputs of two calls."""
-
-    def run(backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext) -> Verdict:
-        execution = _execute(backend, case, ctx, "backward" in caps.features, calls=calls)
-        if calls == 1:
-            pristine, _ = materials(case)
-            pairs = [(name, pristine[name], after) for name, after in execution.inputs.items()]
-            changed = [messages.bits_changed(name, before, after) for name, before, after in pairs]
-        else:
-            first, second = execution.outputs
-            changed = [
-                messages.bits_changed(name, first[name], second[name], what="between two calls")
-                for name in first
-            ]
-        problems = [text for text in changed if text]
-        if not problems:
-            return Verdict("passed", warnings=execution.warnings, info=execution.info)
-        text = messages.header(backend.name, case, what) + "\n".join(problems)
-        reason = f"{text}\nreproduce: {ctx.reproduce}"
-        return Verdict("failed", reason, warnings=execution.warnings, info=execution.info)
-
-    return run
+def _bitwise(spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext) -> Verdict:
+    """Compare bits: the inputs before and after one call, or the outputs of ``spec.calls`` (two) calls."""
+    execution = _execute(backend, case, ctx, "backward" in caps.features, calls=spec.calls)
+    if spec.calls == 1:
+        pristine, _ = materials(case)
+        pairs = [(name, pristine[name], after) for name, after in execution.inputs.items()]
+        changed = [messages.bits_changed(name, before, after) for name, before, after in pairs]
+    else:
+        first, second = execution.outputs
+        changed = [
+            messages.bits_changed(name, first[name], second[name], what="between two calls") for name in first
+        ]
+    problems = [text for text in changed if text]
+    if not problems:
+        return Verdict("passed", warnings=execution.warnings, info=execution.info)
+    text = messages.header(backend.name, case, spec.name) + "\n".join(problems)
+    reason = f"{text}\nreproduce: {ctx.reproduce}"
+    return Verdict("failed", reason, warnings=execution.warnings, info=execution.info)
 
 
-Check = Callable[[Backend, Case, Capabilities, CheckContext], Verdict]
+Check = Callable[["CheckSpec", Backend, Case, Capabilities, CheckContext], Verdict]
 
 
 def _always(case: Case) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class CheckSpec:
-    """One check: how it runs, the outputs it compares, which cases it applies to, whether it needs
-    the backward capability. A check that does not apply to a case is not generated (unlike
-    unsupported, which is reported)."""
-
-    run: Check
-    outputs: Callable[[Case], tuple[str, ...]]
-    applies: Callable[[Case], bool] = _always
-    grad: bool = False
-
-
-def _none(case: Case) -> tuple[str, ...]:
-    return ()
-
-
 def _training_case(case: Case) -> bool:
     return case.training
 
 
+def _nothing(case: Case) -> tuple[str, ...]:
+    return ()
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check: its name, how it runs, the outputs it compares with the oracle (none for the bitwise
+    checks), which cases it applies to, whether it needs the backward capability, how many calls it
+    makes. A check that does not apply to a case is not generated (unlike unsupported, which is
+    reported)."""
+
+    name: str
+    run: Check
+    outputs: Callable[[Case], tuple[str, ...]] = _nothing
+    applies: Callable[[Case], bool] = _always
+    grad: bool = False
+    calls: int = 1
+
+
+# The checks, in the order they run and are reported.
 CHECKS: dict[str, CheckSpec] = {
-    "forward": CheckSpec(_comparing("forward", forward_outputs, grad=False), forward_outputs),
-    "backward": CheckSpec(_comparing("backward", grad_outputs, grad=True), grad_outputs, grad=True),
-    "training": CheckSpec(
-        _comparing("training", training_outputs, grad=False), training_outputs, applies=_training_case
-    ),
-    "inputs_unchanged": CheckSpec(_bitwise("inputs_unchanged", calls=1), _none),
-    "determinism": CheckSpec(_bitwise("determinism", calls=2), _none),
+    spec.name: spec
+    for spec in (
+        CheckSpec("forward", _compared, forward_outputs),
+        CheckSpec("backward", _compared, grad_outputs, grad=True),
+        CheckSpec("training", _compared, training_outputs, applies=_training_case),
+        CheckSpec("inputs_unchanged", _bitwise),
+        CheckSpec("determinism", _bitwise, calls=2),
+    )
 }
 CHECK_NAMES: tuple[str, ...] = tuple(CHECKS)
 
@@ -173,7 +171,7 @@ def run_check(check: str, backend: Backend, caps: Capabilities, case: Case, ctx:
     start = time.perf_counter()
     spec = CHECKS[check]
     why = caps.why_not(case, grad=spec.grad)
-    verdict = Verdict("unsupported", why) if why is not None else _guarded(spec.run, backend, case, caps, ctx)
+    verdict = Verdict("unsupported", why) if why is not None else _guarded(spec, backend, case, caps, ctx)
     return Result(
         backend=backend.name,
         case=case.to_dict(),
@@ -201,9 +199,9 @@ def _extra(verdict: Verdict) -> dict[str, object]:
     return extra
 
 
-def _guarded(fn: Check, backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext) -> Verdict:
+def _guarded(spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext) -> Verdict:
     try:
-        return fn(backend, case, caps, ctx)
+        return spec.run(spec, backend, case, caps, ctx)
     except Unsupported as exc:
         return Verdict("unsupported", f"prepare() raised Unsupported: {exc}")
     except AdapterError as exc:

@@ -1,4 +1,4 @@
-"""Parametrization and fixtures of the per-backend suite files: fingerprint questions and catalog.
+"""Parametrization and fixtures of the per-backend suite files: fingerprint questions and properties.
 
 The per-case checks are parametrized by the plugin (backend x case); these two are backend x question
 and backend x property. Their records join the results file as ``kind: "fingerprint"`` and
