@@ -148,4 +148,4 @@ def test_run_writes_results_report_summary_and_shards_merge(tmp_path):
     text = (tmp_path / "merged.html").read_text()
     assert "from 1 run(s)" in text and "(shard 1/2)" in text and "(shard 2/2)" in text
     merged = runs.load(results)
-    assert len(merged) == 1 and {r["case"]["id"] for r in merged[0].records} == expected
+    assert len(merged) == 1 and {r.case_id for r in merged[0].records} == expected
