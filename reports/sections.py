@@ -54,7 +54,7 @@ def _file_id(ref: FileRef | None) -> str:
 
 def _backend_line(name: str, info: BackendInfo) -> tuple[str, str]:
     if info.unavailable is not None:
-        return name, f"unavailable: {info.unavailable}"
+        return name, f"{'broken' if info.broken else 'unavailable'}: {info.unavailable}"
     return name, f"{info.device} ({info.device_name or 'unnamed'})"
 
 

@@ -178,6 +178,16 @@ def test_environment_lists_facts_packages_and_backends(one_run):
     assert ("alpha", "cpu (unnamed)") in env.backends
 
 
+def test_environment_tells_broken_from_unavailable_backends(tmp_path):
+    backends = {
+        "gone": {"unavailable": "backend gone unavailable: needs torch"},
+        "bad": {"unavailable": "backend bad is broken: capabilities() raised TypeError: x", "broken": True},
+    }
+    env = sections.environment(runs.load([write(tmp_path / "r.jsonl", [], backends=backends)])[0])
+    assert ("gone", "unavailable: backend gone unavailable: needs torch") in env.backends
+    assert ("bad", "broken: backend bad is broken: capabilities() raised TypeError: x") in env.backends
+
+
 def test_shards_of_one_run_merge_and_other_files_stay_runs(tmp_path):
     records = standard_records()
     one = write(tmp_path / "s1.jsonl", records[:3], shard={"index": 1, "count": 2})

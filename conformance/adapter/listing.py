@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from conformance.adapter.backend import BackendUnavailable
-from conformance.adapter.registry import BackendLoadError, Entry
+from conformance.adapter.opening import Absent, open_backend
+from conformance.adapter.registry import Entry
 
 
 def describe(entry: Entry) -> list[str]:
     lines = [f"{entry.name}", f"  origin: {entry.origin}"]
-    try:
-        caps = entry.load().capabilities()
-    except (BackendLoadError, BackendUnavailable) as exc:
-        return [*lines, f"  available: no ({exc})"]
+    opened = open_backend(entry)
+    if isinstance(opened, Absent):
+        return [*lines, f"  available: {'no, broken' if opened.broken else 'no'} ({opened.detail})"]
+    caps = opened[1]
     lines.append(f"  available: yes, device {caps.device} ({caps.device_name or 'unnamed'})")
     lines.append(f"  ops: {', '.join(sorted(caps.ops))}")
     lines.append(f"  dtypes: {', '.join(sorted(caps.dtypes))}")

@@ -19,6 +19,7 @@ import pytest
 
 from conformance.adapter.backend import Backend, Capabilities, Prepared, Unsupported
 from conformance.adapter.execute import with_deadline
+from conformance.adapter.opening import Absent, Opened
 from conformance.bench import allocator, bytemodel, sweep, timing
 from conformance.model.case import Case
 from conformance.model.inputs import make_inputs
@@ -97,7 +98,7 @@ class BenchState:
     def backends(self) -> list[str]:
         return list(self.run_state.settings.backends)
 
-    def loaded(self, name: str) -> tuple[Backend, Capabilities] | str:
+    def loaded(self, name: str) -> Opened:
         return self.run_state.backend(name)
 
     def devices(self) -> list[str]:
@@ -105,7 +106,7 @@ class BenchState:
         devices: list[str] = []
         for name in self.backends():
             loaded = self.loaded(name)
-            if isinstance(loaded, str) or (interpreted(loaded[1]) and not self.config.interpreted):
+            if isinstance(loaded, Absent) or (interpreted(loaded[1]) and not self.config.interpreted):
                 continue
             if loaded[1].device not in devices:
                 devices.append(loaded[1].device)
@@ -137,7 +138,7 @@ class BenchState:
         """A backend's ``copy_kernel`` for the device (first selected backend that has one), else NumPy."""
         for name in self.backends():
             loaded = self.loaded(name)
-            if isinstance(loaded, str) or loaded[1].device != device or interpreted(loaded[1]):
+            if isinstance(loaded, Absent) or loaded[1].device != device or interpreted(loaded[1]):
                 continue
             kernel = getattr(loaded[0], "copy_kernel", None)
             if kernel is not None:
@@ -207,8 +208,8 @@ def _recorded(sink: list[str]) -> Iterator[None]:
 
 def _usable(state: BenchState, name: str, case: Case, grad: bool) -> tuple[Backend, Capabilities]:
     loaded = state.loaded(name)
-    if isinstance(loaded, str):
-        pytest.skip(loaded)
+    if isinstance(loaded, Absent):
+        pytest.skip(loaded.reason)  # a broken backend's errors are the conformance run's to report
     backend, caps = loaded
     if interpreted(caps) and not state.config.interpreted:
         pytest.skip(

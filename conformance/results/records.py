@@ -451,7 +451,8 @@ class LedgerEntry:
 
 @dataclass(frozen=True)
 class BackendInfo:
-    """A backend as the header recorded it: its capabilities, or why it was unavailable."""
+    """A backend as the header recorded it: its capabilities, or why it could not run (``broken``: a
+    defect of the adapter, whose tests were errors, rather than an unavailability, whose were skipped)."""
 
     unavailable: str | None = None
     device: str = "?"
@@ -460,13 +461,14 @@ class BackendInfo:
     dtypes: tuple[str, ...] = ()
     features: tuple[str, ...] = ()
     limits: Mapping[str, object] = field(default_factory=dict)
+    broken: bool = False
 
     @classmethod
     def from_dict(cls, raw: object) -> BackendInfo:
         if not isinstance(raw, Mapping):
             return cls(device="?")
         if "unavailable" in raw:
-            return cls(unavailable=str(raw["unavailable"]))
+            return cls(unavailable=str(raw["unavailable"]), broken=raw.get("broken") is True)
         limits = raw.get("limits") or {}
         return cls(
             None,

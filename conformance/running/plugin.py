@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from conformance.adapter import listing, registry
-from conformance.adapter.backend import Backend, BackendUnavailable, Capabilities
+from conformance.adapter.opening import Absent, Opened, open_backend
 from conformance.results.records import (
     FingerprintRecord,
     PropertyRecord,
@@ -147,7 +147,7 @@ class RunState:
     def __init__(self, settings: Settings, config: pytest.Config) -> None:
         self.settings = settings
         self.config = config
-        self.loaded: dict[str, tuple[Backend, Capabilities] | str] = {}
+        self.loaded: dict[str, Opened] = {}
         self.records: list[dict[str, Any]] = []
         self.writer = not hasattr(config, "workerinput")
 
@@ -182,7 +182,7 @@ class RunState:
         backends: dict[str, Any] = {}
         for name in s.backends:
             loaded = self.backend(name)
-            backends[name] = {"unavailable": loaded} if isinstance(loaded, str) else loaded[1].to_dict()
+            backends[name] = _backend_field(loaded)
         return header(
             self.config.rootpath,
             profile=None if s.cases_file else s.profile,
@@ -200,21 +200,21 @@ class RunState:
         )
 
     def load_strict(self, name: str) -> None:
+        """A backend named in --backend must run: unavailable or broken, it is a usage error."""
         try:
-            entry = registry.entries()[name]
-            backend = entry.load()
-            self.loaded[name] = (backend, backend.capabilities())
-        except (registry.BackendLoadError, BackendUnavailable) as exc:
+            opened = open_backend(registry.entries()[name])
+        except registry.RegistryError as exc:
             raise pytest.UsageError(f"--backend {name}: {exc}") from exc
+        if isinstance(opened, Absent):
+            raise pytest.UsageError(
+                f"--backend {name}{' is broken' if opened.broken else ''}: {opened.detail}"
+            )
+        self.loaded[name] = opened
 
-    def backend(self, name: str) -> tuple[Backend, Capabilities] | str:
-        """The loaded backend and its capabilities, or why it is unavailable (cached per process)."""
+    def backend(self, name: str) -> Opened:
+        """The loaded backend and its capabilities, or why it cannot run (cached per process)."""
         if name not in self.loaded:
-            try:
-                backend = registry.entries()[name].load()
-                self.loaded[name] = (backend, backend.capabilities())
-            except (registry.BackendLoadError, BackendUnavailable) as exc:
-                self.loaded[name] = f"backend {name} unavailable: {exc}"
+            self.loaded[name] = open_backend(registry.entries()[name])
         return self.loaded[name]
 
     def reproduce(self, nodeid: str, backend: str) -> str:
@@ -234,6 +234,13 @@ def _order(record: dict[str, Any]) -> tuple[int, str, str, str]:
         return (0, record["backend"], record["case"].get("id", ""), record["check"])
     name = record.get("question") or record.get("property") or ""
     return (1 if kind == "fingerprint" else 2, record["backend"], name, "")
+
+
+def _backend_field(opened: Opened) -> dict[str, Any]:
+    """A backend in the results header: its capabilities, or why it could not run."""
+    if isinstance(opened, Absent):
+        return {"unavailable": opened.reason, **({"broken": True} if opened.broken else {})}
+    return opened[1].to_dict()
 
 
 def _shard_field(config: pytest.Config) -> dict[str, Any]:
@@ -305,14 +312,15 @@ def normconf_run(request: pytest.FixtureRequest) -> Callable[[str], None]:
             state.settings.save_failures,
         )
         loaded = state.backend(backend_name)
-        if isinstance(loaded, str):
+        if isinstance(loaded, Absent):
+            reason = loaded.reason
             result = Result(
                 backend_name,
                 case.to_dict(),
                 check,
-                "skipped",
-                loaded,
-                summary_of(loaded),
+                loaded.outcome,
+                reason,
+                summary_of(reason),
                 reproduce=ctx.reproduce,
             )
         else:

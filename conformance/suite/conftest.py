@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from conformance import fingerprint
+from conformance.adapter.opening import Absent
 from conformance.properties import catalog, search
 from conformance.results.records import FingerprintRecord, PropertyRecord
 from conformance.running import outcomes, plugin
@@ -53,8 +54,8 @@ def normconf_fingerprint(request: pytest.FixtureRequest) -> Callable[[], None]:
 
     def run() -> None:
         loaded = state.backend(backend_name)
-        if isinstance(loaded, str):
-            answer = FingerprintRecord(backend_name, question.name, "skipped", reason=loaded)
+        if isinstance(loaded, Absent):
+            answer = FingerprintRecord(backend_name, question.name, loaded.outcome, reason=loaded.reason)
         elif budget is not None and spent.get(backend_name, 0.0) >= budget:
             reason = f"fingerprint time budget spent ({budget:g} s for {backend_name} in this process)"
             answer = FingerprintRecord(backend_name, question.name, "skipped", reason=reason)
@@ -75,8 +76,8 @@ def normconf_check_property(request: pytest.FixtureRequest) -> Callable[[], None
 
     def run() -> None:
         loaded = state.backend(backend_name)
-        if isinstance(loaded, str):
-            result = PropertyRecord(backend_name, prop.name, "skipped", loaded)
+        if isinstance(loaded, Absent):
+            result = PropertyRecord(backend_name, prop.name, loaded.outcome, loaded.reason)
         else:
             backend, declared = loaded
             # Examples stay within the dtypes the run selected (--dtype), as the checks do.

@@ -1,0 +1,104 @@
+"""Opening a registered backend: loaded with its capabilities, unavailable here, or broken.
+
+Someone else's adapter may be broken (it fails to import, to construct, or in ``capabilities()``):
+that is that adapter's problem. Opening never raises for the adapter: it says *why* the backend cannot
+run, and whether that is an unavailability (a missing optional library, no device: its tests are
+skipped) or a defect (its tests are errors), with the exception's type, message and location.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from conformance.adapter.backend import Backend, BackendUnavailable, Capabilities
+from conformance.adapter.registry import BackendLoadError, Entry
+
+# The extra that installs the libraries of a built-in adapter, by the top-level module that is missing.
+EXTRAS: dict[str, str] = {
+    "torch": "torch",
+    "triton": "triton",
+    "onnx": "onnx",
+    "onnxruntime": "onnx",
+    "onnxscript": "onnx",
+}
+
+
+@dataclass(frozen=True)
+class Absent:
+    """Why a backend cannot run. ``broken``: a defect in the adapter (its tests are errors); otherwise
+    it is unavailable on this machine (its tests are skipped). ``detail`` is the cause alone."""
+
+    name: str
+    detail: str
+    broken: bool
+
+    @property
+    def outcome(self) -> str:
+        return "error" if self.broken else "skipped"
+
+    @property
+    def reason(self) -> str:
+        """The reason its tests carry."""
+        state = "is broken" if self.broken else "unavailable"
+        return f"backend {self.name} {state}: {self.detail}"
+
+
+Opened = tuple[Backend, Capabilities] | Absent
+
+
+def located(exc: BaseException) -> str:
+    """``Type: message (at file:line in function)``, the innermost frame of the exception."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = (
+        f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    )
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _adapter_module(entry: Entry) -> str:
+    """The module an entry point names (``module:Class``), '' for a register()ed class."""
+    prefix = "entry point "
+    value = entry.origin.removeprefix(prefix).split(" ", 1)[0] if entry.origin.startswith(prefix) else ""
+    return value.split(":", 1)[0]
+
+
+def _missing_dependency(entry: Entry, cause: BaseException) -> str | None:
+    """The install hint when an adapter's import failed on a library other than the adapter itself."""
+    if not isinstance(cause, ModuleNotFoundError) or not cause.name:
+        return None
+    own = _adapter_module(entry)
+    missing = cause.name
+    if own and (own == missing or own.startswith(missing + ".")):
+        return None  # the entry point names a module that is not there: the package is broken
+    top = missing.split(".", 1)[0]
+    extra = EXTRAS.get(top)
+    install = f"pip install 'normconf[{extra}]'" if extra else f"pip install {top}"
+    return f"needs {top}, which is not installed ({install})"
+
+
+def open_backend(entry: Entry) -> Opened:
+    """Load ``entry`` and ask its capabilities; any failure becomes an Absent with its reason."""
+    name = entry.name
+    try:
+        backend = entry.load()
+    except BackendLoadError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, BackendUnavailable):
+            return Absent(name, str(cause), broken=False)
+        hint = _missing_dependency(entry, cause) if cause is not None else None
+        if hint is not None:
+            return Absent(name, hint, broken=False)
+        detail = located(cause) if cause is not None else str(exc)
+        return Absent(name, f"{entry.origin} failed to load: {detail}", broken=True)
+    try:
+        caps = backend.capabilities()
+    except BackendUnavailable as exc:
+        return Absent(name, str(exc), broken=False)
+    except Exception as exc:
+        return Absent(name, f"capabilities() raised {located(exc)}", broken=True)
+    if not isinstance(caps, Capabilities):
+        what = type(caps).__name__
+        return Absent(name, f"capabilities() returned {what}, not Capabilities", broken=True)
+    return backend, caps

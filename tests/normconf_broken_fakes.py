@@ -1,0 +1,37 @@
+"""Broken adapters, as someone else's package may ship them: loaded with ``-p normconf_broken_fakes``.
+
+Each fails in a different place; the suite must report each as that backend's problem (its tests are
+errors with the reason, the listing says why) and keep every other backend's results complete.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from normconf_fakes import NumpyFake
+
+import conformance
+
+
+@conformance.register("fake-broken-capabilities")
+class BrokenCapabilities(NumpyFake):
+    name = "fake-broken-capabilities"
+
+    def capabilities(self) -> Any:
+        raise TypeError("capabilities() of this adapter has a bug")
+
+
+@conformance.register("fake-broken-constructor")
+class BrokenConstructor(NumpyFake):
+    name = "fake-broken-constructor"
+
+    def __init__(self) -> None:
+        raise RuntimeError("the adapter cannot be built")
+
+
+@conformance.register("fake-broken-capabilities-type")
+class CapabilitiesOfTheWrongType(NumpyFake):
+    name = "fake-broken-capabilities-type"
+
+    def capabilities(self) -> Any:
+        return {"ops": ["layer_norm"]}
