@@ -6,6 +6,7 @@ errors with the reason, the listing says why) and keep every other backend's res
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from normconf_fakes import NumpyFake
@@ -35,3 +36,14 @@ class CapabilitiesOfTheWrongType(NumpyFake):
 
     def capabilities(self) -> Any:
         return {"ops": ["layer_norm"]}
+
+
+@conformance.register("fake-hangs-always")
+class HangsAlways(NumpyFake):
+    """Hangs in every call: after --max-timeouts timeouts its remaining tests must error at once."""
+
+    name = "fake-hangs-always"
+
+    def compute(self, case: Any, inputs: Any, grad: bool) -> Any:
+        time.sleep(3600)
+        return super().compute(case, inputs, grad)

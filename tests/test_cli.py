@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from report_fixtures import BENCH_SMALL, EVIL, case, result, standard_records, write
 
 from conformance.adapter import registry
-from conformance.cli import launch, main
+from conformance.cli import commands, launch, main
 from conformance.results.records import SCHEMA_VERSION
 
 
@@ -98,6 +99,7 @@ def _bad_files(tmp_path):
         (("cases", "--cases", "{tmp}/missing.toml"), "missing.toml"),
         (("run", "--profile", "huge"), "--profile='huge' is not allowed"),
         (("run", "--shard", "0/4"), "--shard='0/4' is not allowed"),
+        (("run", "--max-timeouts", "0"), "--max-timeouts=0 is not allowed; allowed: a whole number >= 1"),
         (("run", "-n", "many"), "-n='many' is not allowed"),
     ],
 )
@@ -212,3 +214,10 @@ def test_conformance_never_imports_reports_or_jinja():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_run_forwards_the_timeout_options_to_pytest():
+    args = main.build_parser().parse_args(["run", "--call-timeout", "7", "--max-timeouts", "5"])
+    forwarded = commands._pytest_args(args, Path("results.jsonl"))
+    assert forwarded[forwarded.index("--call-timeout") + 1] == "7.0"
+    assert forwarded[forwarded.index("--max-timeouts") + 1] == "5"

@@ -49,6 +49,12 @@ def build_run(sub: Sub, name: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--call-timeout", type=float, default=300.0, help="seconds before a backend call is an error"
     )
+    p.add_argument(
+        "--max-timeouts",
+        type=int,
+        default=3,
+        help="after this many call timeouts a backend's remaining tests are errors at once (default 3)",
+    )
     p.add_argument("--tolerances", metavar="FILE", help="tolerance file (default: the built-in matrix)")
     p.add_argument("--ledger", metavar="FILE", help="known-deviations ledger (default: the built-in one)")
     p.add_argument(
@@ -109,7 +115,7 @@ def _pytest_args(args: argparse.Namespace, results: Path) -> list[str]:
     for option in ("op", "dtype", "shard", "tolerances", "ledger"):
         if getattr(args, option):
             command += [f"--{option}", getattr(args, option)]
-    command += ["--call-timeout", str(args.call_timeout)]
+    command += ["--call-timeout", str(args.call_timeout), "--max-timeouts", str(args.max_timeouts)]
     command += [arg for module in args.plugin for arg in ("-p", module)]
     return command + (["-n", args.workers] if args.workers != "0" else [])
 

@@ -26,8 +26,9 @@ from conformance.results.records import ComparisonRecord
 class Verdict:
     """The outcome of one check with its comparisons and, per output, the ledger entry that applied.
 
-    ``warnings``, ``info`` and ``bundle`` are filled in by the running layer (what the adapter emitted
-    and reported, and where a failure bundle was saved).
+    ``warnings``, ``info``, ``bundle`` and ``hung`` are filled in by the running layer (what the adapter
+    emitted and reported, where a failure bundle was saved, and what did not finish within the call
+    timeout).
     """
 
     outcome: str
@@ -37,6 +38,7 @@ class Verdict:
     warnings: tuple[str, ...] = ()
     info: Mapping[str, object] = field(default_factory=dict)
     bundle: str = ""
+    hung: str = ""
 
 
 def compare_outputs(

@@ -19,7 +19,7 @@ import numpy as np
 
 from conformance import oracle
 from conformance.adapter.backend import Backend, Capabilities, Outputs, Unsupported
-from conformance.adapter.execute import AdapterError, Execution, run_backend
+from conformance.adapter.execute import AdapterError, CallTimeout, Execution, run_backend
 from conformance.failures import bundle, shrink
 from conformance.judging import messages
 from conformance.judging.ledger import Ledger
@@ -196,6 +196,8 @@ def _extra(verdict: Verdict) -> dict[str, object]:
         extra["info"] = dict(verdict.info)
     if verdict.bundle:
         extra["bundle"] = verdict.bundle
+    if verdict.hung:
+        extra["hung"] = verdict.hung
     return extra
 
 
@@ -204,5 +206,8 @@ def _guarded(spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, 
         return spec.run(spec, backend, case, caps, ctx)
     except Unsupported as exc:
         return Verdict("unsupported", f"prepare() raised Unsupported: {exc}")
+    except CallTimeout as exc:
+        reason = f"{backend.name} {case.id}: {exc}\nreproduce: {ctx.reproduce}"
+        return Verdict("error", reason, hung=str(exc))
     except AdapterError as exc:
         return Verdict("error", f"{backend.name} {case.id}: {exc}\nreproduce: {ctx.reproduce}")

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from conformance.adapter import listing, registry
+from conformance.adapter.backend import Capabilities
 from conformance.adapter.opening import Absent, Opened, open_backend
+from conformance.model.case import Case
 from conformance.results.records import (
     FingerprintRecord,
     PropertyRecord,
@@ -47,6 +49,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--call-timeout", type=float, default=300.0, help="seconds before a backend call is an error"
     )
+    group.addoption(
+        "--max-timeouts",
+        type=int,
+        default=3,
+        help="after this many call timeouts a backend's remaining tests are errors at once (default 3)",
+    )
     group.addoption("--tolerances", default=None, help="tolerance file (default: the built-in matrix)")
     group.addoption("--ledger", default=None, help="known-deviations ledger (default: the built-in one)")
     group.addoption("--list-backends", action="store_true", help="list backends with origin and capabilities")
@@ -75,6 +83,7 @@ def _settings(config: pytest.Config) -> Settings:
         tolerances_path=config.getoption("--tolerances"),
         ledger_path=config.getoption("--ledger"),
         save_failures=config.getoption("--save-failures"),
+        max_timeouts=config.getoption("--max-timeouts"),
     )
 
 
@@ -148,6 +157,9 @@ class RunState:
         self.settings = settings
         self.config = config
         self.loaded: dict[str, Opened] = {}
+        # backend -> case id -> the check that hung on it: one call timeout per case, and at most
+        # --max-timeouts per backend, in this process.
+        self.hangs: dict[str, dict[str, str]] = {}
         self.records: list[dict[str, Any]] = []
         self.writer = not hasattr(config, "workerinput")
 
@@ -216,6 +228,25 @@ class RunState:
         if name not in self.loaded:
             self.loaded[name] = open_backend(registry.entries()[name])
         return self.loaded[name]
+
+    def hung(self, backend: str, case_id: str, check: str) -> None:
+        self.hangs.setdefault(backend, {}).setdefault(case_id, check)
+
+    def not_run(self, backend: str, case_id: str | None) -> str | None:
+        """Why a test of ``backend`` (on ``case_id``) is an error without another call, if it is one."""
+        hung = self.hangs.get(backend, {})
+        if case_id is not None and case_id in hung:
+            return (
+                f"not run: {backend} hung on this case in check {hung[case_id]} (--call-timeout "
+                f"{self.settings.timeout:g} s); its other tests of this case are errors without another call"
+            )
+        limit = self.settings.max_timeouts
+        if len(hung) >= limit:
+            return (
+                f"not run: {backend} hung on {len(hung)} cases in this process (--max-timeouts {limit}); "
+                "its remaining tests are errors without another call"
+            )
+        return None
 
     def reproduce(self, nodeid: str, backend: str) -> str:
         s = self.settings
@@ -313,22 +344,28 @@ def normconf_run(request: pytest.FixtureRequest) -> Callable[[str], None]:
         )
         loaded = state.backend(backend_name)
         if isinstance(loaded, Absent):
-            reason = loaded.reason
-            result = Result(
-                backend_name,
-                case.to_dict(),
-                check,
-                loaded.outcome,
-                reason,
-                summary_of(reason),
-                reproduce=ctx.reproduce,
-            )
+            result = _not_run(backend_name, case, check, loaded.outcome, loaded.reason, ctx.reproduce)
+        elif (hung := _gate(state, backend_name, loaded[1], case, check)) is not None:
+            result = _not_run(backend_name, case, check, "error", hung, ctx.reproduce)
         else:
             result = checks.run_check(check, loaded[0], loaded[1], case, ctx)
+            if "hung" in result.extra:
+                state.hung(backend_name, case.id, check)
         request.node.user_properties.append((PROPERTY, result.to_dict()))
         outcomes.enforce(result.outcome, result.reason)
 
     return run
+
+
+def _gate(state: RunState, backend: str, caps: Capabilities, case: Case, check: str) -> str | None:
+    """A check that would call a backend which hung on this case (or too often) is an error at once."""
+    if caps.why_not(case, grad=checks.CHECKS[check].grad) is not None:
+        return None  # unsupported: no call is made
+    return state.not_run(backend, case.id)
+
+
+def _not_run(backend: str, case: Case, check: str, outcome: str, reason: str, reproduce: str) -> Result:
+    return Result(backend, case.to_dict(), check, outcome, reason, summary_of(reason), reproduce=reproduce)
 
 
 def _crash_record(state: RunState, report: pytest.TestReport) -> dict[str, Any] | None:

@@ -37,6 +37,8 @@ class Settings:
     tolerances_option: str | None
     ledger_option: str | None
     save_failures: Path | None = None
+    # After this many call timeouts of one backend (in one process) its remaining tests are errors at once.
+    max_timeouts: int = 3
 
 
 def _choices(option: str, value: str | None, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -81,12 +83,17 @@ def build(
     tolerances_path: str | None,
     ledger_path: str | None,
     save_failures: str | None = None,
+    max_timeouts: int = 3,
 ) -> Settings:
     """Validate every option up front so a bad value stops the run before any case runs."""
     try:
         names = registry.resolve(backend, registry.entries())
         if not timeout > 0:
             raise SettingsError(f"--call-timeout={timeout!r} is not allowed; allowed: seconds > 0")
+        if isinstance(max_timeouts, bool) or not isinstance(max_timeouts, int) or max_timeouts < 1:
+            raise SettingsError(
+                f"--max-timeouts={max_timeouts!r} is not allowed; allowed: a whole number >= 1"
+            )
         cases = _cases(profile, cases_file, _choices("--op", op, OPS), _choices("--dtype", dtype, DTYPES))
         return Settings(
             backends=tuple(names),
@@ -101,6 +108,7 @@ def build(
             tolerances_option=tolerances_path,
             ledger_option=ledger_path,
             save_failures=Path(save_failures) if save_failures else None,
+            max_timeouts=max_timeouts,
         )
     except (
         registry.RegistryError,

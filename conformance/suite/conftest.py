@@ -56,6 +56,8 @@ def normconf_fingerprint(request: pytest.FixtureRequest) -> Callable[[], None]:
         loaded = state.backend(backend_name)
         if isinstance(loaded, Absent):
             answer = FingerprintRecord(backend_name, question.name, loaded.outcome, reason=loaded.reason)
+        elif (hung := state.not_run(backend_name, None)) is not None:
+            answer = FingerprintRecord(backend_name, question.name, "error", reason=hung)
         elif budget is not None and spent.get(backend_name, 0.0) >= budget:
             reason = f"fingerprint time budget spent ({budget:g} s for {backend_name} in this process)"
             answer = FingerprintRecord(backend_name, question.name, "skipped", reason=reason)
@@ -78,6 +80,8 @@ def normconf_check_property(request: pytest.FixtureRequest) -> Callable[[], None
         loaded = state.backend(backend_name)
         if isinstance(loaded, Absent):
             result = PropertyRecord(backend_name, prop.name, loaded.outcome, loaded.reason)
+        elif (hung := state.not_run(backend_name, None)) is not None:
+            result = PropertyRecord(backend_name, prop.name, "error", hung)
         else:
             backend, declared = loaded
             # Examples stay within the dtypes the run selected (--dtype), as the checks do.
