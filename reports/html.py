@@ -18,7 +18,7 @@ from markupsafe import Markup
 from conformance.results.records import OUTCOMES
 from conformance.results.render import ReportInput
 from conformance.results.runs import Run
-from reports import bench, changes, sections, tables
+from reports import bench, changes, conventions, sections, tables
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 # Beyond this many, failures are listed in the case table only; the results file has every message.
@@ -91,6 +91,8 @@ def context(data: ReportInput) -> dict[str, Any]:
         "deviations": sections.deviations(runs),
         "tolerances": sections.tolerances(runs),
         "coverage": sections.coverage(runs),
+        "conventions": conventions.conventions(runs),
+        "properties": conventions.properties(runs),
         "bench": bench.bench_table(data.benches, runs, data.baseline) if data.benches else None,
         "changes": changes.changes(runs, data.benches, data.thresholds),
         "thresholds": data.thresholds,

@@ -12,7 +12,7 @@ from conformance.results.diff import text as diff_text
 from conformance.results.records import OUTCOMES
 from conformance.results.render import ReportInput
 from conformance.results.runs import Run
-from reports import changes, sections, tables
+from reports import changes, conventions, sections, tables
 
 MAX_FAILURES = 20
 
@@ -47,6 +47,7 @@ def render(data: ReportInput) -> str:
     for col, counts in tables.totals(runs):
         lines.append(f"| {escape(col.key)} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
     lines += _failures(runs)
+    lines += _conventions(runs) + _properties(runs)
     for change in changes.changes(runs, data.benches, data.thresholds):
         verdict = "**regression**" if change.diff.regression else "no regression"
         lines += ["", f"### {escape(change.base)} → {escape(change.new)}: {verdict}", ""]
@@ -56,6 +57,63 @@ def render(data: ReportInput) -> str:
             )
     lines += ["", "Full report: `normconf report RESULTS -o report.html` (self-contained HTML)."]
     return "\n".join(lines) + "\n"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(head) + " |",
+        "|---" * len(head) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def _conventions(runs: list[Run]) -> list[str]:
+    found = conventions.conventions(runs)
+    if found is None:
+        return []
+    lines = [
+        "",
+        "### Conventions",
+        "",
+        "`*` differs from normconf's reference, `?` no hypothesis matched, `-` not asked.",
+        "",
+    ]
+    if found.changed:
+        lines += ["Changed between runs:", "", *(f"- {escape(line)}" for line in found.changed), ""]
+    head = ["question", *(escape(c.key) for c in found.columns)]
+    rows = [
+        [
+            escape(row.question),
+            *(escape(row.cells[c.id].text) if c.id in row.cells else "" for c in found.columns),
+        ]
+        for row in found.rows
+    ]
+    return lines + _table(head, rows)
+
+
+def _properties(runs: list[Run]) -> list[str]:
+    found = conventions.properties(runs)
+    if found is None:
+        return []
+    head = ["property", *(escape(c.key) for c in found.columns)]
+    rows = [
+        [
+            escape(row.name),
+            *(escape(row.cells[c.id].text) if c.id in row.cells else "" for c in found.columns),
+        ]
+        for row in found.rows
+    ]
+    lines = ["", "### Properties", "", *_table(head, rows)]
+    failed = [
+        (row.name, c.key, row.cells[c.id])
+        for row in found.rows
+        for c in found.columns
+        if c.id in row.cells and row.cells[c.id].counterexample
+    ]
+    for name, key, cell in failed:
+        example = ", ".join(f"{k}={v}" for k, v in cell.counterexample)
+        lines.append(f"- {escape(key)} {escape(name)}: counterexample {escape(example)}")
+    return lines
 
 
 def _failures(runs: list[Run]) -> list[str]:

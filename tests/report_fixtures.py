@@ -218,3 +218,56 @@ def ci_sized_records(
                     )
                 )
     return records
+
+
+def fingerprint(
+    backend: str, question: str, answer: str, reference: str, evidence: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """A fingerprint record: ``answer`` matched, with the error under each hypothesis."""
+    errors = evidence or {answer: 0.0, "other": 0.5}
+    return {
+        "kind": "fingerprint",
+        "backend": backend,
+        "question": question,
+        "outcome": "answered",
+        "answer": answer,
+        "matched": True,
+        "reference": reference,
+        "evidence": errors,
+        "metric": "rel",
+        "noise": 1e-6,
+        "probe": "probe-id",
+        "probe_case": {},
+        "reason": "",
+        "duration_s": 0.01,
+    }
+
+
+def property_record(
+    backend: str, name: str, outcome: str = "passed", counterexample: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "kind": "property",
+        "backend": backend,
+        "property": name,
+        "outcome": outcome,
+        "reason": "relation broken on the counterexample" if counterexample else "",
+        "examples": 25,
+        "worst_ratio": 3.5 if counterexample else 0.2,
+        "bitwise": counterexample is None,
+        "counterexample": counterexample,
+        "duration_s": 0.5,
+    }
+
+
+def convention_records(eps_of_beta: str = "inside-sqrt") -> list[dict[str, Any]]:
+    """alpha answers as the reference; beta puts eps outside the root (or as given) and fails a property."""
+    return [
+        fingerprint("alpha", "rms_norm.eps", "inside-sqrt", "inside-sqrt"),
+        fingerprint(
+            "beta", "rms_norm.eps", eps_of_beta, "inside-sqrt", {eps_of_beta: 0.0, "inside-sqrt": 0.3}
+        ),
+        fingerprint("alpha", "layer_norm.variance", "biased", "biased"),
+        property_record("alpha", "row_independence"),
+        property_record("beta", "row_independence", "failed", {"op": "rms_norm", "rows": 2, "features": 8}),
+    ]

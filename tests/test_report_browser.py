@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from report_fixtures import BENCH_SMALL, EVIL, case, ci_sized_records, result, standard_records, write
+from report_fixtures import (
+    BENCH_SMALL,
+    EVIL,
+    case,
+    ci_sized_records,
+    convention_records,
+    result,
+    standard_records,
+    write,
+)
 
 from conformance.results import benchjson, render, runs
 from reports import html
@@ -48,8 +57,12 @@ def browser():
 def report(tmp_path_factory):
     """Two runs (so the comparison shows), benchmarks, failures and the <script> case id."""
     folder = tmp_path_factory.mktemp("report")
-    base = write(folder / "base.jsonl", standard_records())
-    changed = [*standard_records()[:-1], result("alpha", case("rms_norm", id="rms-new", bias=False))]
+    base = write(folder / "base.jsonl", [*standard_records(), *convention_records()])
+    changed = [
+        *standard_records()[:-1],
+        result("alpha", case("rms_norm", id="rms-new", bias=False)),
+        *convention_records("added-to-std"),
+    ]
     new = write(folder / "new.jsonl", changed)
     data = render.ReportInput(tuple(runs.load([base, new])), (benchjson.read(BENCH_SMALL),), "torch-eager")
     target = folder / "report.html"
@@ -84,6 +97,8 @@ def test_matrix_failures_and_every_section_render(browser, report):
         "environment",
         "deviations",
         "tolerances",
+        "conventions",
+        "properties",
         "coverage",
         "benchmarks",
         "comparison",
@@ -91,6 +106,21 @@ def test_matrix_failures_and_every_section_render(browser, report):
     ):
         assert page.locator(f"section#{section}").is_visible()
     assert page.locator("figure.chart svg rect").count() >= 4
+    # A convention that differs is marked; its evidence opens on a click; a change between runs is listed.
+    differs = page.locator("table.conventions td.conv.differs summary")
+    assert differs.count() == 1 and differs.first.inner_text() == "added-to-std*"
+    evidence = page.locator("table.conventions td.conv.differs details")
+    assert "inside-sqrt: 0.3" not in evidence.inner_text()
+    differs.first.click()
+    assert "inside-sqrt: 0.3" in evidence.inner_text()
+    assert (
+        "beta rms_norm.eps: inside-sqrt (base) → added-to-std (new)"
+        in page.locator("ul.changed").inner_text()
+    )
+    failed = page.locator("table.properties td.cell.failed")
+    assert (
+        failed.count() == 2 and "counterexample: op=rms_norm, rows=2, features=8" in failed.first.inner_text()
+    )
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert SCREENSHOT.stat().st_size > 10_000

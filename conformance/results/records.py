@@ -12,6 +12,7 @@ controller) and the file appears complete, via a temporary file and ``os.replace
 
 from __future__ import annotations
 
+import builtins
 import datetime
 import json
 import math
@@ -295,6 +296,28 @@ class FingerprintRecord:
     estimate: float | None = None
     duration_s: float = 0.0
 
+    @property
+    def differs(self) -> bool:
+        """Answered with a matched convention other than normconf's reference semantics."""
+        return (
+            self.outcome == "answered"
+            and self.matched
+            and bool(self.reference)
+            and self.answer != self.reference
+        )
+
+    @property
+    def cell(self) -> str:
+        """The answer in a table: ``*`` differs from the reference, ``?`` no hypothesis matched, ``-`` not
+        asked, ``~e?`` an unmatched default eps with its estimate."""
+        if self.outcome != "answered":
+            return {"unsupported": "-", "skipped": "-", "error": "error"}.get(self.outcome, self.outcome)
+        if self.answer == "unmatched" and self.estimate is not None:
+            return f"~{self.estimate:.3g}?"
+        if not self.matched:
+            return self.answer.split(":")[0] + "?"
+        return f"{self.answer}*" if self.differs else self.answer
+
     def to_dict(self) -> dict[str, Any]:
         record: dict[str, Any] = {
             "kind": "fingerprint",
@@ -353,6 +376,11 @@ class PropertyRecord:
     counterexample: Mapping[str, Any] | None = None
     duration_s: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @builtins.property  # the field ``property`` shadows the builtin in this class body
+    def cell(self) -> str:
+        """The outcome in a table (``-`` not run)."""
+        return {"unsupported": "-", "skipped": "-"}.get(self.outcome, self.outcome)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -42,19 +42,6 @@ def table(records: Iterable[Record]) -> list[str]:
     )
 
 
-def fingerprint_cell(record: FingerprintRecord) -> str:
-    """The answer; `*` marks one that differs from normconf's reference semantics."""
-    if record.outcome != "answered":
-        return {"unsupported": "-", "skipped": "-", "error": "error"}.get(record.outcome, record.outcome)
-    answer = record.answer
-    if answer == "unmatched" and record.estimate is not None:
-        return f"~{record.estimate:.3g}?"
-    if not record.matched:
-        return answer.split(":")[0] + "?"
-    reference = record.reference
-    return answer if not reference or answer == reference else f"{answer}*"
-
-
 def fingerprints(records: Iterable[Record]) -> list[str]:
     """Question x backend table of answers, or nothing when no fingerprint ran."""
     found = _fingerprints(records)
@@ -62,14 +49,10 @@ def fingerprints(records: Iterable[Record]) -> list[str]:
         return []
     backends = sorted({r.backend for r in found})
     questions = sorted({r.question for r in found}, key=_question_order)
-    cells = {(r.question, r.backend): fingerprint_cell(r) for r in found}
+    cells = {(r.question, r.backend): r.cell for r in found}
     body = ([q, *(cells.get((q, b), "") for b in backends)] for q in questions)
     legend = "fingerprint (* differs from normconf's reference, ? no hypothesis matched, - not asked)"
     return [legend, *_aligned(["question", *backends], body)]
-
-
-def property_cell(record: PropertyRecord) -> str:
-    return {"unsupported": "-", "skipped": "-"}.get(record.outcome, record.outcome)
 
 
 def properties(records: Iterable[Record]) -> list[str]:
@@ -79,7 +62,7 @@ def properties(records: Iterable[Record]) -> list[str]:
         return []
     backends = sorted({r.backend for r in found})
     names = list(dict.fromkeys(r.property for r in found))
-    cells = {(r.property, r.backend): property_cell(r) for r in found}
+    cells = {(r.property, r.backend): r.cell for r in found}
     body = ([p, *(cells.get((p, b), "") for b in backends)] for p in names)
     lines = ["properties", *_aligned(["property", *backends], body)]
     invariant = batch_invariant(found)
