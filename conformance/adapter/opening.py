@@ -57,18 +57,11 @@ def located(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def _adapter_module(entry: Entry) -> str:
-    """The module an entry point names (``module:Class``), '' for a register()ed class."""
-    prefix = "entry point "
-    value = entry.origin.removeprefix(prefix).split(" ", 1)[0] if entry.origin.startswith(prefix) else ""
-    return value.split(":", 1)[0]
-
-
 def _missing_dependency(entry: Entry, cause: BaseException) -> str | None:
     """The install hint when an adapter's import failed on a library other than the adapter itself."""
     if not isinstance(cause, ModuleNotFoundError) or not cause.name:
         return None
-    own = _adapter_module(entry)
+    own = entry.module
     missing = cause.name
     if own and (own == missing or own.startswith(missing + ".")):
         return None  # the entry point names a module that is not there: the package is broken

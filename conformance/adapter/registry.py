@@ -36,6 +36,7 @@ class Entry:
     name: str
     origin: str
     factory: Callable[[], Any]
+    module: str = ""  # the module an entry point names; "" for a register()ed class
 
     def load(self) -> Backend:
         try:
@@ -77,7 +78,7 @@ def _entry_point(ep: metadata.EntryPoint) -> Entry:
     def factory() -> Any:
         return ep.load()()
 
-    return Entry(ep.name, f"entry point {ep.value}{where}", factory)
+    return Entry(ep.name, f"entry point {ep.value}{where}", factory, ep.module)
 
 
 def entries() -> dict[str, Entry]:

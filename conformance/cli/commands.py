@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from conformance.cli import launch, options
 from conformance.results import diff, render
 from conformance.running import shard, summary
+from conformance.running.settings import MAX_TIMEOUTS
 
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -52,8 +53,8 @@ def build_run(sub: Sub, name: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-timeouts",
         type=int,
-        default=3,
-        help="after this many call timeouts a backend's remaining tests are errors at once (default 3)",
+        default=MAX_TIMEOUTS,
+        help=f"after this many hung cases a backend's remaining tests are errors at once ({MAX_TIMEOUTS})",
     )
     p.add_argument("--tolerances", metavar="FILE", help="tolerance file (default: the built-in matrix)")
     p.add_argument("--ledger", metavar="FILE", help="known-deviations ledger (default: the built-in one)")

@@ -62,7 +62,7 @@ def selection(args: argparse.Namespace, backend: str = "all") -> settings.Settin
             timeout=getattr(args, "call_timeout", 300.0),
             tolerances_path=getattr(args, "tolerances", None),
             ledger_path=getattr(args, "ledger", None),
-            max_timeouts=getattr(args, "max_timeouts", 3),
+            max_timeouts=getattr(args, "max_timeouts", settings.MAX_TIMEOUTS),
         )
     except settings.SettingsError as exc:
         raise UsageError(str(exc)) from exc

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.results import legacy
+from conformance.results.text import summary_of
 
 SCHEMA_VERSION = 2
 # Versions ``load`` reads: the current one, and 1 through conformance.results.legacy.
@@ -196,7 +197,8 @@ class Result:
     """The outcome of one check of one case on one backend.
 
     ``case`` holds every Case field and ``id`` as recorded (a reader may not know a newer op), ``summary``
-    the reason's one-line form; each comparison names the ledger entry that covered it.
+    the reason's one-line form (derived from the reason when not given); each comparison names the
+    ledger entry that covered it.
     """
 
     backend: str
@@ -212,6 +214,9 @@ class Result:
 
     def __post_init__(self) -> None:
         assert self.outcome in OUTCOMES, self.outcome
+        if not self.summary and self.reason:
+            # Derived, not passed: every writer summarises its reason the same way.
+            object.__setattr__(self, "summary", summary_of(self.reason))
 
     @property
     def case_id(self) -> str:
@@ -682,35 +687,36 @@ def write_atomic(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
         raise
 
 
-def read_raw(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(header, every other record) as JSON objects in this schema's form; schema 1 files are upgraded."""
-    file = Path(path)
+def _read(file: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]:
+    """(header, every other record with its line in the file) in this schema's form."""
     try:
         lines = file.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise SchemaError(f"{file}: cannot read results: {exc}") from exc
     try:
-        records = [json.loads(line) for line in lines if line.strip()]
+        numbered = [(i + 1, json.loads(line)) for i, line in enumerate(lines) if line.strip()]
     except json.JSONDecodeError as exc:
         raise SchemaError(f"{file}: corrupt results line: {exc}") from exc
-    bad = next((i for i, r in enumerate(records) if not isinstance(r, dict)), None)
+    bad = next((i for i, (_, r) in enumerate(numbered) if not isinstance(r, dict)), None)
     if bad is not None:
         raise SchemaError(f"{file}: corrupt results line {bad + 1}: expected a JSON object")
-    if not records or records[0].get("kind") != "header":
+    if not numbered or numbered[0][1].get("kind") != "header":
         raise SchemaError(f"{file}: first record must be the header")
-    schema = records[0].get("schema")
+    header, rest = numbered[0][1], numbered[1:]
+    schema = header.get("schema")
     if schema not in READABLE:
         allowed = ", ".join(map(str, READABLE))
         raise SchemaError(f"{file}: schema={schema!r} is not allowed; allowed: {allowed}")
     if schema == 1:
-        return legacy.upgrade(file, records[0], records[1:])
-    return records[0], records[1:]
+        header, upgraded = legacy.upgrade(file, header, [r for _, r in rest])
+        rest = [(line, r) for (line, _), r in zip(rest, upgraded, strict=True)]
+    return header, rest
 
 
-def _numbered(file: Path, raw: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
-    """Each record with its line in the file (blank lines are skipped when reading, not when counting)."""
-    lines = [i + 1 for i, line in enumerate(file.read_text().splitlines()) if line.strip()][1:]
-    return list(zip(lines, raw, strict=True)) if len(lines) == len(raw) else list(enumerate(raw, 2))
+def read_raw(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(header, every other record) as JSON objects in this schema's form; schema 1 files are upgraded."""
+    header, rest = _read(Path(path))
+    return header, [r for _, r in rest]
 
 
 def _typed(raw: Mapping[str, Any], where: str) -> Record | None:
@@ -723,8 +729,8 @@ def _typed(raw: Mapping[str, Any], where: str) -> Record | None:
 def load(path: str | Path) -> ResultsFile:
     """A results file as typed records; raises SchemaError naming the file and the record at fault."""
     file = Path(path)
-    raw_header, raw = read_raw(file)
-    typed = [_typed(r, f"{file}: line {line}") for line, r in _numbered(file, raw)]
+    raw_header, rest = _read(file)
+    typed = [_typed(r, f"{file}: line {line}") for line, r in rest]
     return ResultsFile(
         file,
         Header.from_dict(raw_header),

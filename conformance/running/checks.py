@@ -29,7 +29,6 @@ from conformance.model.case import Case
 from conformance.model.inputs import make_inputs
 from conformance.model.outputs import forward_outputs, grad_outputs, output_shape, produced, training_outputs
 from conformance.results.records import Result
-from conformance.results.text import summary_of
 
 
 @dataclass(frozen=True)
@@ -178,7 +177,6 @@ def run_check(check: str, backend: Backend, caps: Capabilities, case: Case, ctx:
         check=check,
         outcome=verdict.outcome,
         reason=verdict.reason,
-        summary=summary_of(verdict.reason),
         comparisons=tuple(
             dataclasses.replace(c, ledger=verdict.ledger.get(c.output)) for c in verdict.comparisons
         ),
@@ -206,8 +204,6 @@ def _guarded(spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, 
         return spec.run(spec, backend, case, caps, ctx)
     except Unsupported as exc:
         return Verdict("unsupported", f"prepare() raised Unsupported: {exc}")
-    except CallTimeout as exc:
-        reason = f"{backend.name} {case.id}: {exc}\nreproduce: {ctx.reproduce}"
-        return Verdict("error", reason, hung=str(exc))
     except AdapterError as exc:
-        return Verdict("error", f"{backend.name} {case.id}: {exc}\nreproduce: {ctx.reproduce}")
+        reason = f"{backend.name} {case.id}: {exc}\nreproduce: {ctx.reproduce}"
+        return Verdict("error", reason, hung=str(exc) if isinstance(exc, CallTimeout) else "")

@@ -25,10 +25,9 @@ from conformance.results.records import (
     header,
     write_atomic,
 )
-from conformance.results.text import summary_of
 from conformance.running import checks, outcomes, shard, summary
 from conformance.running.nodeid import NODE_ID
-from conformance.running.settings import Settings, SettingsError, build
+from conformance.running.settings import MAX_TIMEOUTS, Settings, SettingsError, build
 
 SETTINGS = pytest.StashKey[Settings]()
 SHARD = pytest.StashKey[shard.Shard | None]()
@@ -52,8 +51,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--max-timeouts",
         type=int,
-        default=3,
-        help="after this many call timeouts a backend's remaining tests are errors at once (default 3)",
+        default=MAX_TIMEOUTS,
+        help=f"after this many hung cases a backend's remaining tests are errors at once ({MAX_TIMEOUTS})",
     )
     group.addoption("--tolerances", default=None, help="tolerance file (default: the built-in matrix)")
     group.addoption("--ledger", default=None, help="known-deviations ledger (default: the built-in one)")
@@ -365,7 +364,7 @@ def _gate(state: RunState, backend: str, caps: Capabilities, case: Case, check: 
 
 
 def _not_run(backend: str, case: Case, check: str, outcome: str, reason: str, reproduce: str) -> Result:
-    return Result(backend, case.to_dict(), check, outcome, reason, summary_of(reason), reproduce=reproduce)
+    return Result(backend, case.to_dict(), check, outcome, reason, reproduce=reproduce)
 
 
 def _crash_record(state: RunState, report: pytest.TestReport) -> dict[str, Any] | None:
@@ -383,7 +382,4 @@ def _crash_record(state: RunState, report: pytest.TestReport) -> dict[str, Any] 
     case = next((c for c in state.settings.cases if c.id == match["case"]), None)
     case_dict = case.to_dict() if case is not None else {"id": match["case"]}
     reproduce = state.reproduce(report.nodeid, match["backend"])
-    error = Result(
-        match["backend"], case_dict, match["check"], "error", text, summary_of(text), reproduce=reproduce
-    )
-    return error.to_dict()
+    return Result(match["backend"], case_dict, match["check"], "error", text, reproduce=reproduce).to_dict()

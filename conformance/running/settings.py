@@ -19,6 +19,11 @@ def load_ledger(path: str | Path | None = None) -> ledger.Ledger:
     return ledger.load(path, (*CHECK_NAMES, *PROPERTIES))
 
 
+# --max-timeouts: after this many hung cases of one backend (in one process) its remaining tests are
+# errors at once.
+MAX_TIMEOUTS = 3
+
+
 class SettingsError(ValueError):
     """A bad option value; the message names the option, the value and the allowed choices."""
 
@@ -37,8 +42,7 @@ class Settings:
     tolerances_option: str | None
     ledger_option: str | None
     save_failures: Path | None = None
-    # After this many call timeouts of one backend (in one process) its remaining tests are errors at once.
-    max_timeouts: int = 3
+    max_timeouts: int = MAX_TIMEOUTS
 
 
 def _choices(option: str, value: str | None, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -83,7 +87,7 @@ def build(
     tolerances_path: str | None,
     ledger_path: str | None,
     save_failures: str | None = None,
-    max_timeouts: int = 3,
+    max_timeouts: int = MAX_TIMEOUTS,
 ) -> Settings:
     """Validate every option up front so a bad value stops the run before any case runs."""
     try:
