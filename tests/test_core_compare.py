@@ -87,10 +87,10 @@ def test_effective_atol_adds_scale_and_conditioning():
 def test_mean_error_term_stops_at_the_bound_of_the_normalized_values():
     tol = Tolerance(rtol=0.0, atol=0.25, cond=16.0, source="t", why="w")
     # 16 * 1 = 16 would exceed |xhat| <= 2 (a group of 4 values): the term is 2 * sensitivity 0.5 = 1.
-    c = compare("y", arr(2.5), arr(1.0), tol, "float32", Factors(1.0, 1.0, 0.5, xhat_bound=2.0))
+    c = compare("y", arr(2.5), arr(1.0), tol, "float32", Factors(1.0, 1.0, 0.5, mean_cap=2.0))
     assert c.tolerance.atol_effective == 0.25 + 1.0
     assert c.worst_ratio == 1.5 / 1.25
-    assert not c.passed
+    assert not c.passed and c.mean_cap == 2.0
 
 
 def test_zero_scale_asks_for_an_exact_zero():

@@ -1,11 +1,11 @@
 """The per-case factors of an output's allowance, computed once for every caller.
 
-    allowance = atol * scale + min(cond * mean_error, xhat_bound) * sensitivity + rtol * |e|
+    allowance = atol * scale + min(cond * mean_error, mean_cap) * sensitivity + rtol * |e|
 
-The mean-rounding term is an error in the normalized values, and no normalized value can be off by
-more than the bound on the values themselves (sqrt(n), conformance.judging.bounds): past that the
-term would let any answer of the right size pass. The checks, the failure shrinker, replay and the
-properties all judge with these factors, so a number means the same wherever it is printed.
+The mean-rounding term is an error in the normalized values and stops at mean_cap
+(conformance.judging.conditioning): past the bound on the values themselves, sqrt(n), it would let
+any answer of the right size pass. The checks, the failure shrinker, replay and the properties all
+judge with these factors, so a number means the same wherever it is printed.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conformance.judging.bounds import xhat_bound
-from conformance.judging.conditioning import mean_error
+from conformance.judging.conditioning import mean_cap, mean_error
 from conformance.judging.scales import scale, sensitivity
 from conformance.judging.tolerances import Tolerance
 from conformance.model.case import Case
@@ -25,16 +24,17 @@ from conformance.model.case import Case
 
 @dataclass(frozen=True)
 class Factors:
-    """scale, mean_error and sensitivity of one output on one case, and the cap of the mean term."""
+    """scale, mean_error and sensitivity of one output on one case, and the cap of the mean term
+    (defaults: scale 1, no mean term, so atol is absolute)."""
 
     scale: float = 1.0
     mean_error: float = 0.0
     sensitivity: float = 0.0
-    xhat_bound: float = math.inf
+    mean_cap: float = math.inf
 
     def atol(self, tol: Tolerance) -> float:
         """The absolute part of the allowance under ``tol``."""
-        return tol.atol * self.scale + min(tol.cond * self.mean_error, self.xhat_bound) * self.sensitivity
+        return tol.atol * self.scale + min(tol.cond * self.mean_error, self.mean_cap) * self.sensitivity
 
 
 def factors(
@@ -44,7 +44,7 @@ def factors(
         scale(case, output, inputs, expected),
         mean_error(case, expected),
         sensitivity(case, output, inputs, expected),
-        xhat_bound(case),
+        mean_cap(case, expected),
     )
 
 

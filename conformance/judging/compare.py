@@ -5,11 +5,11 @@ results file holds, with the rule that judged them (``tolerance``, including ``a
 
 Every comparison records its figures (max abs, max rel, ULP distance, worst_ratio) whether it
 passes or not, so reports can show headroom. worst_ratio = max |a - e| / (atol_eff + rtol |e|),
-with atol_eff = atol * scale + min(cond * mean_error, xhat_bound) * sensitivity: scale is the size of
+with atol_eff = atol * scale + min(cond * mean_error, mean_cap) * sensitivity: scale is the size of
 the terms behind the output, sensitivity how far the output moves per unit error in xhat
-(conformance.judging.scales), mean_error the error a rounded mean puts into xhat
-(conformance.judging.conditioning) and xhat_bound the largest a normalized value can be
-(conformance.judging.bounds). An allowance of 0 (an exact zero made of exact zeros) asks for equality.
+(conformance.judging.scales), mean_error the error a rounded mean puts into xhat and mean_cap the
+most that error can be (conformance.judging.conditioning). An allowance of 0 (an exact zero made of
+exact zeros) asks for equality.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def compare(
         scale=factors.scale,
         mean_error=factors.mean_error,
         sensitivity=factors.sensitivity,
+        mean_cap=factors.mean_cap,
         tolerance=_recorded(tol, atol_effective),
     )
 

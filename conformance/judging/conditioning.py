@@ -4,10 +4,14 @@ A mean computed in the statistics precision u_s carries an error of a few u_s * 
 (x - mean) * rstd that is an absolute error of u_s * kappa with kappa = max |mean| / sqrt(var + eps)
 over the normalization groups. Offset rows (kappa ~ 1e3) and constant rows with tiny eps (kappa up
 to 1/sqrt(eps)) are ill-conditioned for every float32-statistics implementation, not just a bad one.
-Zero rows contribute nothing (their mean is exactly 0). Rows of one element keep the term although
-their mean is exact: a kernel that folds (x - mean) * rstd into x * rstd - mean * rstd with a fused
-multiply-add leaves the rounding of x * rstd, u_s * |x| * rstd, in xhat (torch's CPU LayerNorm
-returns dweight 1.2e-5 instead of 0 on float32 rows of one element with eps 1e-5).
+Zero rows contribute nothing (their mean is exactly 0).
+
+The term has a cap (``mean_cap``): no normalized value can be off by more than the bound on the
+values themselves, sqrt(n) (conformance.judging.bounds). Rows of one element have an exact mean
+(x / 1), so all that is left is the rounding of a kernel that folds (x - mean) * rstd into
+x * rstd - mean * rstd: one rounding of each product, 2 u_s * |x| * rstd at most (torch's CPU
+LayerNorm, with a fused multiply-add, returns dweight 1.2e-5 instead of 0 on float32 rows of one
+element with eps 1e-5).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from conformance.judging.bounds import group_size, xhat_bound
 from conformance.model.case import Case
 from conformance.model.dtypes import stats_dtype, unit_roundoff
 
@@ -32,3 +37,10 @@ def kappa(case: Case, expected: Mapping[str, np.ndarray]) -> float:
 def mean_error(case: Case, expected: Mapping[str, np.ndarray]) -> float:
     """u_s * kappa: the normalized-value error one rounding of the mean causes."""
     return unit_roundoff(stats_dtype(case.dtype)) * kappa(case, expected)
+
+
+def mean_cap(case: Case, expected: Mapping[str, np.ndarray]) -> float:
+    """The most cond * mean_error may reach: sqrt(n), or two roundings for groups of one value."""
+    if group_size(case) == 1:
+        return 2.0 * mean_error(case, expected)
+    return xhat_bound(case)

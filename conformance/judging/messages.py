@@ -21,9 +21,9 @@ def _figures(c: ComparisonRecord) -> str:
         f"worst_ratio {c.worst_ratio:.4g}\n"
         f"  mismatched {c.mismatched} of {c.numel}; max_abs {c.max_abs:.4g}, max_rel {c.max_rel:.4g}, "
         f"max_ulp {c.max_ulp:.4g}\n"
-        f"  tolerance {tol.source}: |a - e| <= atol*scale + cond*mean_error*sensitivity + rtol*|e| with "
-        f"rtol={tol.rtol:.3g}, atol={tol.atol:.3g}, scale={c.scale:.4g}, cond={tol.cond:g}, "
-        f"mean_error={c.mean_error:.3g}, sensitivity={c.sensitivity:.3g} "
+        f"  tolerance {tol.source}: |a - e| <= atol*scale + min(cond*mean_error, mean_cap)*sensitivity "
+        f"+ rtol*|e| with rtol={tol.rtol:.3g}, atol={tol.atol:.3g}, scale={c.scale:.4g}, cond={tol.cond:g}, "
+        f"mean_error={c.mean_error:.3g}, mean_cap={c.mean_cap:.3g}, sensitivity={c.sensitivity:.3g} "
         f"-> atol_effective={c.tolerance.atol_effective:.3g}\n"
         f"  why: {tol.why}\n"
     )

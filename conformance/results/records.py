@@ -143,6 +143,8 @@ class ComparisonRecord:
     tolerance: ToleranceRecord
     problem: str = ""
     ledger: int | None = None
+    # The most cond * mean_error may add (in xhat units); absent in files written before it existed.
+    mean_cap: float = math.inf
 
     @property
     def passed(self) -> bool:
@@ -163,6 +165,7 @@ class ComparisonRecord:
             "scale": jsonable(self.scale),
             "mean_error": jsonable(self.mean_error),
             "sensitivity": jsonable(self.sensitivity),
+            "mean_cap": jsonable(self.mean_cap),
             "tolerance": self.tolerance.to_dict(),
             "problem": self.problem,
             "ledger": self.ledger,
@@ -189,6 +192,7 @@ class ComparisonRecord:
             ToleranceRecord.from_dict(tolerance if isinstance(tolerance, Mapping) else {}),
             _str(raw, "problem"),
             _index(raw.get("ledger")),
+            figure(raw.get("mean_cap", "inf")),
         )
 
 
