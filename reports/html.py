@@ -90,6 +90,7 @@ def context(data: ReportInput) -> dict[str, Any]:
         "failures_total": len(failures),
         "deviations": sections.deviations(runs),
         "tolerances": sections.tolerances(runs),
+        "rounding": sections.rounding(runs),
         "coverage": sections.coverage(runs),
         "conventions": conventions.conventions(runs),
         "properties": conventions.properties(runs),

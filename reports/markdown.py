@@ -47,7 +47,7 @@ def render(data: ReportInput) -> str:
     for col, counts in tables.totals(runs):
         lines.append(f"| {escape(col.key)} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
     lines += _failures(runs)
-    lines += _conventions(runs) + _properties(runs)
+    lines += _rounding(runs) + _conventions(runs) + _properties(runs)
     for change in changes.changes(runs, data.benches, data.thresholds):
         verdict = "**regression**" if change.diff.regression else "no regression"
         lines += ["", f"### {escape(change.base)} → {escape(change.new)}: {verdict}", ""]
@@ -114,6 +114,38 @@ def _properties(runs: list[Run]) -> list[str]:
         example = ", ".join(f"{k}={v}" for k, v in cell.counterexample)
         lines.append(f"- {escape(key)} {escape(name)}: counterexample {escape(example)}")
     return lines
+
+
+def _rounding(runs: list[Run]) -> list[str]:
+    rows = sections.rounding(runs)
+    if not rows:
+        return []
+    head = [
+        "backend",
+        "dtype",
+        "judged",
+        "beyond limit",
+        "bias median / worst",
+        "drift median / worst",
+        "mismatch",
+    ]
+    body = [
+        [
+            escape(r.backend),
+            r.dtype,
+            f"{r.judged} of {r.comparisons}",
+            str(r.failing),
+            f"{r.median_bias} / {r.worst_bias}",
+            f"{r.median_drift} / {r.worst_drift}",
+            r.median_mismatch,
+        ]
+        for r in rows
+    ]
+    note = (
+        "Mean signed error of half-precision outputs in ulps: bias < 0 leans toward zero (truncation -0.5), "
+        "drift < 0 toward -inf (rounding up +0.5); round-to-nearest gives about 0."
+    )
+    return ["", "### Rounding", "", note, "", *_table(head, body)]
 
 
 def _failures(runs: list[Run]) -> list[str]:

@@ -1,4 +1,5 @@
-"""Pure table building for the report's other sections: environment, tolerances, ledger, coverage."""
+"""Pure table building for the report's other sections: environment, tolerances, rounding, ledger,
+coverage."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from dataclasses import dataclass, field
 
 from conformance.model.case import FEATURES, OPS, Case, CaseError
 from conformance.model.dtypes import DTYPES
-from conformance.results.records import BackendInfo, FileRef, LedgerEntry
+from conformance.model.outputs import ACTIVATION_OUTPUTS
+from conformance.results.records import BackendInfo, ComparisonRecord, FileRef, LedgerEntry, RoundingRecord
 from conformance.results.runs import Run
 from reports.tables import COMPARED, Column, check_order, columns, ratio_text, tagged
 
@@ -117,6 +119,60 @@ def tolerances(runs: Sequence[Run]) -> list[ToleranceRow]:
 
 
 @dataclass(frozen=True)
+class RoundingRow:
+    """One backend x output dtype: how its half-precision outputs round (conformance.judging.rounding)."""
+
+    backend: str
+    dtype: str
+    comparisons: int
+    judged: int
+    failing: int
+    median_bias: str
+    worst_bias: str
+    median_drift: str
+    worst_drift: str
+    median_mismatch: str
+
+
+def rounding(runs: Sequence[Run]) -> list[RoundingRow]:
+    """Per backend and output dtype: median and worst (largest |mean|) rounding bias and drift over
+    the comparisons with enough elements to judge, and the median mismatch fraction."""
+    grouped: dict[tuple[str, str], list[tuple[RoundingRecord, float]]] = {}
+    for col, record in tagged(runs, columns(runs)):
+        if record.outcome not in COMPARED:
+            continue
+        for c in record.comparisons:
+            if c.rounding is None:
+                continue
+            activation = c.output in ACTIVATION_OUTPUTS
+            dtype = record.dtype if activation else str(record.case.get("param_dtype") or record.dtype)
+            grouped.setdefault((col.key, dtype), []).append((c.rounding, c.mismatch_fraction))
+    rows = []
+    for (backend, dtype), values in sorted(grouped.items()):
+        judged = [r for r, _ in values if r.judged]
+        fractions = [f for _, f in values if not math.isnan(f)]
+        rows.append(
+            RoundingRow(
+                backend,
+                dtype,
+                len(values),
+                len(judged),
+                sum(not r.passed for r in judged),
+                _signed(statistics.median(r.bias for r in judged)) if judged else "",
+                _signed(max((r.bias for r in judged), key=abs)) if judged else "",
+                _signed(statistics.median(r.drift for r in judged)) if judged else "",
+                _signed(max((r.drift for r in judged), key=abs)) if judged else "",
+                f"{statistics.median(fractions):.3g}" if fractions else "",
+            )
+        )
+    return rows
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.3f}"
+
+
+@dataclass(frozen=True)
 class DeviationRow:
     index: int
     match: tuple[tuple[str, str], ...]
@@ -152,9 +208,20 @@ def deviations(runs: Sequence[Run]) -> Deviations:
                 stats = seen.setdefault(index, _Seen())
                 stats.outcomes[record.outcome] += 1
                 stats.ops.add(record.op)
-                stats.ratios += [c.worst_ratio for c in record.comparisons if not c.worst_ratio <= 1]
+            for c in record.comparisons:
+                if c.ledger is not None:
+                    seen.setdefault(c.ledger, _Seen()).ratios += _measured(c)
     rows = [_deviation_row(i, entries.get(i), seen.get(i)) for i in sorted(set(entries) | set(seen))]
     return Deviations(tuple(rows), tuple(dict.fromkeys(notes)))
+
+
+def _measured(c: ComparisonRecord) -> list[float]:
+    """What a covered comparison measured: worst_ratio beyond 1, else its rounding bias (ulps)."""
+    if not c.worst_ratio <= 1:
+        return [c.worst_ratio]
+    if c.rounding is not None and not c.rounding.passed:
+        return [max(abs(c.rounding.bias), abs(c.rounding.drift))]
+    return []
 
 
 @dataclass
@@ -182,7 +249,8 @@ def _deviation_row(index: int, entry: LedgerEntry | None, stats: _Seen | None) -
     return DeviationRow(
         index,
         match,
-        f"{entry.band[0]:g} .. {entry.band[1]:g}",
+        f"{entry.band[0]:g} .. {entry.band[1]:g}"
+        + (" ulp rounding bias" if entry.measure == "rounding" else ""),
         entry.reason,
         entry.link if entry.link.startswith(("https://", "http://")) else "",
         xfailed,

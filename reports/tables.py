@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from conformance.model.case import OPS
 from conformance.model.dtypes import DTYPES
-from conformance.results.records import Result, figure
+from conformance.results.records import Result, RoundingRecord, figure
 from conformance.results.runs import Run, worst
 
 COMPARED: frozenset[str] = frozenset({"passed", "failed", "xfailed", "xpassed"})
@@ -189,6 +189,8 @@ class Figure:
     worst_ratio: str
     mismatched: str
     source: str
+    mismatch_fraction: str = ""
+    rounding: str = ""
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,8 @@ def failures(runs: Sequence[Run]) -> list[Failure]:
                 ratio_text(c.worst_ratio),
                 f"{c.mismatched} of {c.numel}",
                 c.tolerance.source,
+                "" if math.isnan(c.mismatch_fraction) else f"{c.mismatch_fraction:.3g}",
+                _rounding_text(c.rounding),
             )
             for c in record.comparisons
         )
@@ -248,3 +252,12 @@ def totals(runs: Sequence[Run]) -> list[tuple[Column, Counter[str]]]:
     for col, record in tagged(runs, cols):
         counts[col.id][record.outcome] += 1
     return [(c, counts[c.id]) for c in cols]
+
+
+def _rounding_text(r: RoundingRecord | None) -> str:
+    """bias / drift with the limit, or why it was not judged; empty for outputs not judged for bias."""
+    if r is None:
+        return ""
+    limit = f"limit +-{r.limit:.3g}" if r.judged else f"{r.n} elements: not judged"
+    flag = "" if r.passed else " FAILS"
+    return f"{r.bias:+.3f} / {r.drift:+.3f} ({limit}){flag}"

@@ -14,9 +14,11 @@ from typing import Any
 import numpy as np
 
 import conformance
+from conformance import oracle
 from conformance.adapter.backend import FEATURES, Capabilities
 from conformance.model.case import Case
-from conformance.model.dtypes import numpy_dtype, stats_dtype
+from conformance.model.dtypes import numpy_dtype, round_to, stats_dtype
+from conformance.model.outputs import output_dtype, produced
 
 F = np.ndarray
 
@@ -253,6 +255,113 @@ class DegenerateParamGrads(NumpyFake):
         extra = (dy * np.where(flat, self.guard, 0.0)).sum(axis=tuple(range(x.ndim - case.norm_ndim)))
         out["dweight"] = (out["dweight"].astype(np.float64) + extra).astype(out["dweight"].dtype)
         return out
+
+
+# ---------------------------------------------------------------------- rounding and non-finite fakes
+HALF = ("float16", "bfloat16")
+
+
+def directed(values: F, dtype: str, mode: str) -> F:
+    """float64 values rounded to a half dtype toward zero (``mode="zero"``) or toward +inf ("up"),
+    by stepping the nearest-even result one ulp where it lies on the wrong side."""
+    near = round_to(values, dtype)
+    back = near.astype(np.float64)
+    bits = near.view(np.uint16).copy()
+    finite = np.isfinite(values)
+    if mode == "zero":
+        bits[finite & (np.abs(back) > np.abs(values))] -= 1  # one step smaller in magnitude, same sign
+    else:
+        up = finite & (back < values)
+        bits[up & ~np.signbit(back)] += 1  # +0 and positive values: one step larger
+        bits[up & np.signbit(back)] -= 1  # negative values: one step smaller in magnitude
+    rounded: F = bits.view(near.dtype)
+    return rounded
+
+
+class _ExactThenDirected(NumpyFake):
+    """Every output computed exactly (the float64 oracle; x + residual exact), then each half-precision
+    output rounded in ``mode`` instead of to nearest; float32/float64 outputs round to nearest."""
+
+    mode = "zero"
+
+    def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
+        exact = oracle.evaluate(case, inputs, grad=grad)
+        if case.op == "add_rms_norm":
+            exact["residual_out"] = inputs["x"].astype(np.float64) + inputs["residual"].astype(np.float64)
+        out = {}
+        for name in produced(case, grad):
+            dtype = output_dtype(case, name)
+            out[name] = (
+                directed(exact[name], dtype, self.mode) if dtype in HALF else round_to(exact[name], dtype)
+            )
+        return out
+
+
+@conformance.register("fake-truncated-half")
+class TruncatedHalf(_ExactThenDirected):
+    name = "fake-truncated-half"
+    mode = "zero"
+
+
+@conformance.register("fake-rounds-up")
+class RoundsUp(_ExactThenDirected):
+    name = "fake-rounds-up"
+    mode = "up"
+
+
+@conformance.register("fake-truncated-residual")
+class TruncatedResidual(NumpyFake):
+    """Correct, but the residual stream x + residual is stored truncated (as a float32 -> half cast
+    that drops bits does); y normalizes the correctly rounded sum."""
+
+    name = "fake-truncated-residual"
+
+    def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
+        out = super().compute(case, inputs, grad)
+        if case.op == "add_rms_norm" and case.dtype in HALF:
+            exact = inputs["x"].astype(np.float64) + inputs["residual"].astype(np.float64)
+            out["residual_out"] = directed(exact, case.dtype, "zero")
+        return out
+
+
+@conformance.register("fake-nonfinite-rows-zeroed")
+class NonfiniteRowsZeroed(NumpyFake):
+    """Rows (channels) holding a NaN or an Inf come out as zeros, and add nothing to dweight/dbias."""
+
+    name = "fake-nonfinite-rows-zeroed"
+
+    def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
+        x = inputs["x"]
+        axes = NumpyFake.axes(self, case, x)
+        bad = ~np.isfinite(x.astype(np.float64)).all(axis=axes, keepdims=True)
+        if not bad.any():
+            return super().compute(case, inputs, grad)
+        cleaned = {**inputs, "x": np.where(bad, np.zeros_like(x), x)}
+        if grad:
+            cleaned["dy"] = np.where(bad, np.zeros_like(inputs["dy"]), inputs["dy"])
+        out = super().compute(case, cleaned, grad)
+        for name in ("y", "dx"):
+            if name in out:
+                out[name] = np.where(bad, np.zeros_like(out[name]), out[name])
+        return out
+
+
+@conformance.register("fake-nan-dropping-clamp")
+class NanDroppingClamp(NumpyFake):
+    """One-pass statistics in float64 with the variance (RMSNorm: the mean square) clamped by a
+    NaN-dropping maximum, fmax(var, 0), as fmaxf and several kernel languages' max do: a NaN in a row
+    becomes a variance of 0 and the rest of the row comes out finite."""
+
+    name = "fake-nan-dropping-clamp"
+
+    def stats(self, x: F, axes: tuple[int, ...]) -> tuple[F, F]:
+        wide = x.astype(np.float64)
+        mean = wide.mean(axis=axes, keepdims=True)
+        var = np.fmax(np.square(wide).mean(axis=axes, keepdims=True) - np.square(mean), 0.0)
+        return mean.astype(x.dtype), var.astype(x.dtype)
+
+    def rstd(self, var: F, eps: float) -> F:
+        return 1.0 / np.sqrt(np.fmax(var, np.zeros((), var.dtype)) + np.asarray(eps, var.dtype))
 
 
 @conformance.register("fake-mutates-inputs")

@@ -260,3 +260,29 @@ def test_offset_scale_is_exact(param_dtype: str, held: type) -> None:
     scale = common.offset_scale(weight, 1.0, param_dtype)
     assert scale.dtype == held
     np.testing.assert_array_equal(scale.astype(np.float64), 1.0 + weight.astype(np.float64))
+
+
+def test_torch_keeps_its_saved_statistics_in_the_activation_dtype():
+    """The reason of the ledger's rounding entries for torch (docs/tolerances.md): the backward of a
+    bfloat16 LayerNorm is reproduced bit for bit with the mean and rstd rounded to bfloat16, and not
+    with float32 ones."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 512, generator=gen).to(torch.bfloat16).requires_grad_()
+    w = torch.randn(512, generator=gen).to(torch.bfloat16)
+    dy = torch.randn(2, 512, generator=gen).to(torch.bfloat16)
+    _, mean, rstd = torch.native_layer_norm(x.detach(), (512,), w, None, 1e-5)
+    assert mean.dtype == rstd.dtype == torch.bfloat16
+    torch.nn.functional.layer_norm(x, (512,), w, None, 1e-5).backward(dy)
+    xd = x.detach().double()
+    exact_mean = xd.mean(1, keepdim=True)
+    exact_rstd = 1 / torch.sqrt(xd.var(1, unbiased=False, keepdim=True) + 1e-5)
+
+    def dx(m, r):
+        xhat, g = (xd - m) * r, dy.double() * w.double()
+        return (r * (g - g.mean(1, keepdim=True) - xhat * (g * xhat).mean(1, keepdim=True))).to(
+            torch.bfloat16
+        )
+
+    rounded = dx(exact_mean.to(torch.bfloat16).double(), exact_rstd.to(torch.bfloat16).double())
+    assert torch.equal(rounded, x.grad)
+    assert not torch.equal(dx(exact_mean, exact_rstd), x.grad)

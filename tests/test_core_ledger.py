@@ -32,7 +32,8 @@ def test_builtin_ledger_loads():
     assert table.sha256 == hashlib.sha256(ledger.default_path().read_bytes()).hexdigest()
     for entry in table.entries:
         assert entry.reason.strip()
-        assert 1.0 <= entry.band[0] <= entry.band[1]
+        floor = 0.0 if entry.measure == "rounding" else 1.0
+        assert floor <= entry.band[0] <= entry.band[1]
 
 
 def test_empty_file_is_an_empty_ledger(tmp_path):
@@ -196,3 +197,63 @@ def test_typo_in_an_entry_is_an_error_not_a_silent_mismatch(tmp_path, field, val
     with pytest.raises(LedgerError, match="deviation\\[0\\]") as info:
         load_ledger(path)
     assert words in str(info.value)
+
+
+# ----------------------------------------------------------------------------- measure = "rounding"
+ROUNDING = (
+    '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nmeasure = "rounding"\n'
+    'band = [0.0, 0.4]\nreason = "statistics rounded to the activation dtype"\n'
+)
+
+
+def _biased(shift: float, ratio: float = 0.5):
+    from conformance.results.records import ComparisonRecord, RoundingRecord, ToleranceRecord
+
+    tol = ToleranceRecord(0.01, 0.01, 0.0, "t", "w", 0.01)
+    rounding = RoundingRecord(shift, 0.01, 0.0, 0.01, 2000, 0.12)
+    return ComparisonRecord(
+        "y", 2000, 0, 0.1, 0.1, 1.0, ratio, (0,), 0.0, 0.0, 1.0, 0.0, 0.0, tol, rounding=rounding
+    )
+
+
+def test_a_rounding_entry_covers_a_bias_within_its_band(tmp_path):
+    from conformance.judging.verdict import judge
+
+    table = load_ledger(write(tmp_path, ROUNDING))
+    assert table.entries[0].measure == "rounding" and table.entries[0].band == (0.0, 0.4)
+    covered = judge("fake-a", LN, "forward", (_biased(-0.3),), table, "r")
+    assert covered.outcome == "xfailed" and "statistics rounded" in covered.reason
+    beyond = judge("fake-a", LN, "forward", (_biased(-0.45),), table, "r")
+    assert beyond.outcome == "failed" and "rounding bias up to 0.4 ulp" in beyond.reason
+    # Out of tolerance is another deviation than the one the entry describes.
+    worse = judge("fake-a", LN, "forward", (_biased(-0.3, ratio=3.0),), table, "r")
+    assert worse.outcome == "failed"
+    stale = judge("fake-a", LN, "forward", (_biased(-0.01),), table, "r")
+    assert stale.outcome == "xpassed"
+
+
+def test_a_worst_ratio_entry_covers_its_comparison_whatever_the_bias(tmp_path):
+    from conformance.judging.verdict import judge
+
+    table = load_ledger(write(tmp_path, ENTRY))
+    assert judge("fake-a", LN, "forward", (_biased(-0.45, ratio=1.5),), table, "r").outcome == "xfailed"
+    # A bias alone (within tolerance) is not the deviation a worst_ratio entry records.
+    assert judge("fake-a", LN, "forward", (_biased(-0.45),), table, "r").outcome == "failed"
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (
+            ROUNDING.replace('"rounding"', '"ulps"'),
+            ["measure='ulps' is not allowed", "worst_ratio, rounding"],
+        ),
+        (ROUNDING.replace("[0.0, 0.4]", "[0.5, 0.4]"), ["band=[0.5, 0.4]", "0 <= low <= high"]),
+        (ENTRY.replace("[1, 2]", "[0.5, 2]"), ["band=[0.5, 2]", "1 <= low <= high"]),
+    ],
+)
+def test_malformed_measure_or_band_is_named(tmp_path, body, words):
+    with pytest.raises(LedgerError) as info:
+        load_ledger(write(tmp_path, body))
+    for word in words:
+        assert word in str(info.value)

@@ -82,3 +82,34 @@ def test_ci_sized_report_stays_small_and_fast_to_build(tmp_path):
     assert len(text.encode()) < 5_000_000, len(text.encode())
     assert elapsed < 20, elapsed
     assert EVIL not in text
+
+
+def test_rounding_section_shows_bias_per_backend_and_dtype(tmp_path):
+    from report_fixtures import case, result
+
+    from conformance.judging.compare import compare
+    from conformance.judging.tolerances import Tolerance
+
+    rng = __import__("numpy").random.default_rng(0)
+    exact = rng.standard_normal(2000)
+    tol = Tolerance(0.01, 0.01, 0.0, "t", "w")
+    from normconf_fakes import directed
+
+    truncated = compare("y", directed(exact, "bfloat16", "zero"), exact, tol, "bfloat16").to_dict()
+    records = []
+    for backend, comparison, outcome in (("fake-trunc", truncated, "failed"),):
+        record = result(
+            backend, case(dtype="bfloat16"), outcome=outcome, reason="output 'y' rounds with a bias"
+        )
+        record["comparisons"] = [comparison]
+        records.append(record)
+    data = render.ReportInput(tuple(runs.load([write(tmp_path / "run.jsonl", records)])))
+    text = html.render(data)
+    assert '<section id="rounding">' in text
+    row = re.search(r"<td>fake-trunc</td><td>bfloat16</td>(.*?)</tr>", text).group(1)
+    assert ">1</td>" in row  # judged and failing
+    bias = re.search(r"<td class=\"num\">([-+0-9.]+) / ([-+0-9.]+)</td>", row)
+    assert bias and -0.55 < float(bias.group(1)) < -0.45  # median / worst: truncation's -1/2
+    assert "FAILS" in text  # the failure's figure row: bias / drift with the limit
+    md = markdown.render(data)
+    assert "### Rounding" in md and "| fake-trunc | bfloat16 | 1 of 1 | 1 |" in md

@@ -9,7 +9,10 @@ with atol_eff = atol * scale + min(cond * mean_error, mean_cap) * sensitivity: s
 the terms behind the output, sensitivity how far the output moves per unit error in xhat
 (conformance.judging.scales), mean_error the error a rounded mean puts into xhat and mean_cap the
 most that error can be (conformance.judging.conditioning). An allowance of 0 (an exact zero made of
-exact zeros) asks for equality.
+exact zeros, or an output that is one rounding of an exact value) asks for equality. Each comparison
+also records the share of elements that differ from the correctly rounded answer and, for
+half-precision outputs, the rounding bias that fails it when it leans one way
+(conformance.judging.rounding).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.judging.allowance import Factors
+from conformance.judging.rounding import bias, mismatch_fraction
 from conformance.judging.tolerances import Tolerance
 from conformance.model.dtypes import finfo, ulp
 from conformance.results.records import ComparisonRecord, ToleranceRecord
@@ -72,6 +76,8 @@ def compare(
         mean_error=factors.mean_error,
         sensitivity=factors.sensitivity,
         mean_cap=factors.mean_cap,
+        mismatch_fraction=mismatch_fraction(a, e, dtype),
+        rounding=bias(a, e, dtype),
         tolerance=_recorded(tol, atol_effective),
     )
 

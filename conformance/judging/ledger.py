@@ -5,11 +5,18 @@ failure), and a worst_ratio above the entry's band is an ordinary failure, so en
 hide regressions or outlive the deviation they describe. An entry may also name a metamorphic
 property as its check (conformance/properties/catalog.py): it then covers the failing examples it matches,
 within its band, and is not strict, since a property's examples are drawn rather than listed.
+
+An entry's band measures worst_ratio, or with ``measure = "rounding"`` the rounding statistic of a
+half-precision output whose every element is within tolerance (the larger of |bias| and |drift| in
+ulps, conformance.judging.rounding). A worst_ratio entry covers its comparisons whatever their
+rounding bias (an error beyond tolerance is the larger symptom); a rounding entry covers only
+comparisons within tolerance.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +26,11 @@ from conformance.judging import tomlfile
 from conformance.judging.tolerances import OUTPUTS
 from conformance.model.case import DISTS, OPS, Case
 from conformance.model.dtypes import DTYPES
-from conformance.results.records import jsonable
+from conformance.results.records import ComparisonRecord, jsonable
 
 _MATCH_KEYS: tuple[str, ...] = ("backend", "check", "output", "op", "dtype", "dist", "case")
-_FIELDS = set(_MATCH_KEYS) | {"band", "reason", "link", "training"}
+_FIELDS = set(_MATCH_KEYS) | {"band", "reason", "link", "training", "measure"}
+MEASURES: tuple[str, ...] = ("worst_ratio", "rounding")
 
 
 class LedgerError(ValueError):
@@ -39,6 +47,18 @@ class Deviation:
     band: tuple[float, float]
     reason: str
     link: str
+    measure: str = "worst_ratio"
+
+    def covers(self, comparison: ComparisonRecord) -> bool:
+        """Whether this failing comparison is the deviation the entry describes, inside its band."""
+        if self.measure == "rounding":
+            r = comparison.rounding
+            size = max(abs(r.bias), abs(r.drift)) if r is not None else math.inf
+            return comparison.worst_ratio <= 1.0 and not comparison.problem and size <= self.band[1]
+        # Beyond tolerance: covered whatever the bias. Within it, a bias is not what this entry records.
+        return comparison.worst_ratio <= self.band[1] and (
+            comparison.worst_ratio > 1.0 or comparison.rounding_passed
+        )
 
     def applies(self, backend: str, case: Case, check: str, output: str) -> bool:
         values = {
@@ -65,6 +85,8 @@ class Deviation:
             "reason": self.reason,
             "link": self.link,
         }
+        if self.measure != "worst_ratio":
+            record["measure"] = self.measure
         return {**record, "training": self.training} if self.training is not None else record
 
 
@@ -116,9 +138,11 @@ def _entry(file: Path, index: int, entry: Any, checks: Collection[str]) -> Devia
     training = entry.get("training")
     if training is not None and not isinstance(training, bool):
         raise LedgerError(f"{where}: training={training!r} is not allowed; allowed: true, false")
-    return Deviation(
-        index, match, training, _band(where, entry["band"]), str(entry["reason"]), str(entry.get("link", ""))
-    )
+    measure = entry.get("measure", "worst_ratio")
+    if measure not in MEASURES:
+        raise LedgerError(f"{where}: measure={measure!r} is not allowed; allowed: {', '.join(MEASURES)}")
+    band = _band(where, entry["band"], 0.0 if measure == "rounding" else 1.0)
+    return Deviation(index, match, training, band, str(entry["reason"]), str(entry.get("link", "")), measure)
 
 
 def _known(checks: Collection[str]) -> dict[str, tuple[str, ...]]:
@@ -132,10 +156,11 @@ def _strings(where: str, key: str, value: Any) -> tuple[str, ...]:
     return tuple(values)
 
 
-def _band(where: str, value: Any) -> tuple[float, float]:
+def _band(where: str, value: Any, floor: float) -> tuple[float, float]:
+    """[low, high]: worst_ratio bands start at 1 (below it nothing fails), rounding bands at 0 (ulps)."""
     ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
-    if not ok or not 1.0 <= value[0] <= value[1]:
+    if not ok or not floor <= value[0] <= value[1]:
         raise LedgerError(
-            f"{where}: band={value!r} is not allowed; allowed: [low, high] with 1 <= low <= high"
+            f"{where}: band={value!r} is not allowed; allowed: [low, high] with {floor:g} <= low <= high"
         )
     return float(value[0]), float(value[1])

@@ -6,7 +6,7 @@ import numpy as np
 
 from conformance.judging.ledger import Deviation
 from conformance.model.case import Case
-from conformance.results.records import ComparisonRecord
+from conformance.results.records import ComparisonRecord, RoundingRecord
 
 
 def header(backend: str, case: Case, check: str) -> str:
@@ -26,6 +26,21 @@ def _figures(c: ComparisonRecord) -> str:
         f"mean_error={c.mean_error:.3g}, mean_cap={c.mean_cap:.3g}, sensitivity={c.sensitivity:.3g} "
         f"-> atol_effective={c.tolerance.atol_effective:.3g}\n"
         f"  why: {tol.why}\n"
+        f"  mismatch fraction {c.mismatch_fraction:.3g} (share off the correctly rounded answer)"
+        + (f"; {rounding(c.rounding)}" if c.rounding is not None else "")
+        + "\n"
+    )
+
+
+def rounding(r: RoundingRecord) -> str:
+    """The rounding statistic in one line: both means with their standard errors and the limit."""
+    judged = (
+        f"round-to-nearest stays within +-{r.limit:.3g} at that count" if r.judged else "too few to judge"
+    )
+    return (
+        f"rounding bias {r.bias:+.3f} ulp toward zero when negative (+-{r.bias_se:.2g}), "
+        f"drift {r.drift:+.3f} ulp toward -inf when negative (+-{r.drift_se:.2g}) "
+        f"over {r.n} elements within one ulp; {judged}"
     )
 
 
@@ -34,13 +49,27 @@ def failure(
 ) -> str:
     if c.problem:
         head = f"output {c.output!r}: {c.problem}\n"
-    else:
+    elif c.worst_ratio > 1.0:
         head = f"output {c.output!r} out of tolerance\n" + _figures(c)
+    else:
+        head = f"output {c.output!r} rounds with a bias: within tolerance, but its errors lean one way\n"
+        head += _figures(c)
     if entry is not None:
-        head += (
-            f"  ledger deviation[{entry.index}] covers this output up to worst_ratio {entry.band[1]:g}, "
-            f"measured {c.worst_ratio:.4g}: the deviation grew beyond its recorded band\n"
-        )
+        if entry.measure == "rounding":
+            size = (
+                max(abs(c.rounding.bias), abs(c.rounding.drift)) if c.rounding is not None else float("nan")
+            )
+            head += (
+                f"  ledger deviation[{entry.index}] covers this output's rounding bias up to "
+                f"{entry.band[1]:g} "
+                f"ulp within tolerance, measured {size:.3g} ulp at worst_ratio {c.worst_ratio:.4g}: "
+                "it is beyond what the entry describes\n"
+            )
+        else:
+            head += (
+                f"  ledger deviation[{entry.index}] covers this output up to worst_ratio {entry.band[1]:g}, "
+                f"measured {c.worst_ratio:.4g}: the deviation grew beyond its recorded band\n"
+            )
     return header(backend, case, check) + head + f"  reproduce: {reproduce}"
 
 

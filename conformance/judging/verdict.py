@@ -82,7 +82,7 @@ def judge(
     if not failing:
         return Verdict("passed", "", comparisons)
     cited = {c.output: entries[c.output].index for c in failing if c.output in entries}
-    if all(c.output in entries and c.worst_ratio <= entries[c.output].band[1] for c in failing):
+    if all(c.output in entries and entries[c.output].covers(c) for c in failing):
         reasons = "; ".join(
             f"{c.output}: {entries[c.output].reason} (ledger deviation[{entries[c.output].index}])"
             for c in failing

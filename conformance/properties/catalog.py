@@ -10,6 +10,7 @@ whether the related outputs are also identical bit for bit is recorded (batch in
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -235,20 +236,46 @@ def row_permutation(backend: Backend, example: Example, ctx: PropertyContext) ->
 
 
 def nonfinite_containment(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
-    """A NaN or +-Inf in one element of row ``knob`` leaves every other row's output as it was."""
+    """A NaN or +-Inf in one element of row ``knob`` propagates and stays put: every output (y, and with
+    a backward dx, dweight, dbias) is non-finite exactly where the oracle's is (a NaN never becomes 0 or
+    a finite row), and every other row's y and dx are as they were without it."""
     case = example.case()
-    inputs = _inputs(case, False)
-    row = example.knob % example.rows
+    grad = ctx.grad
+    inputs = _inputs(case, grad)
+    row, column = example.knob % example.rows, example.seed % example.features
     poison = (np.nan, np.inf, -np.inf)[example.knob % 3]
     spoiled = inputs["x"].copy()
-    spoiled[row, example.seed % example.features] = poison
+    spoiled[row, column] = poison
+    dirty_inputs = {**inputs, "x": spoiled}
+    dirty = evaluate(backend, case, dirty_inputs, ctx, grad, price=False)
+    given = dirty_inputs if grad else {k: v for k, v in dirty_inputs.items() if k != "dy"}
+    with np.errstate(invalid="ignore", over="ignore"):  # the exact answer is NaN/Inf there
+        exact = oracle.evaluate(case, given, grad=grad)
+    source = f"x[{row}, {column}] = {poison!r}"
+    outcomes = [_nonfinite_where(name, dirty.actual[name], exact[name], source) for name in dirty.actual]
     keep = [i for i in range(example.rows) if i != row]
-    if not keep:
-        return Outcome(0.0, True)
-    clean = _select(evaluate(backend, case, inputs, ctx), keep)
-    # The kept rows' exact answers and allowances are the clean run's: their inputs are unchanged.
-    dirty = evaluate(backend, case, {**inputs, "x": spoiled}, ctx, price=False)
-    return relate("y", dataclasses.replace(clean, actual={"y": np.asarray(dirty.actual["y"])[keep]}), clean)
+    if keep:
+        names = ("y", "dx") if grad else ("y",)
+        # The kept rows' exact answers and allowances are the clean run's: their inputs are unchanged.
+        clean = _select(evaluate(backend, case, inputs, ctx, grad), keep, names)
+        for name in names:
+            moved = dataclasses.replace(clean, actual={name: np.asarray(dirty.actual[name])[keep]})
+            outcomes.append(relate(name, moved, clean))
+    return combine(outcomes)
+
+
+def _nonfinite_where(output: str, actual: np.ndarray, exact: np.ndarray, source: str) -> Outcome:
+    """Non-finite at exactly the oracle's non-finite positions, finite everywhere else."""
+    a = np.asarray(actual).astype(np.float64)
+    wrong = np.isfinite(a) != np.isfinite(exact)
+    if not wrong.any():
+        return Outcome(0.0, True, "", output)
+    index = tuple(int(i) for i in np.argwhere(wrong)[0])
+    detail = (
+        f"{output} at {index}: {a[index]!r} where the exact answer is {exact[index]!r} after {source} "
+        f"({int(wrong.sum())} of {wrong.size} elements finite where they must not be, or the reverse)"
+    )
+    return Outcome(math.inf, False, detail, output)
 
 
 def constant_rows(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
@@ -285,8 +312,8 @@ def _params_of(inputs: Arrays) -> Arrays:
     return {k: v for k, v in inputs.items() if k not in ("x", "dy", "residual")}
 
 
-def _select(result: Evaluation, rows: list[int]) -> Evaluation:
-    take: Callable[[Mapping[str, np.ndarray]], Arrays] = lambda d: {"y": np.asarray(d["y"])[rows]}  # noqa: E731
+def _select(result: Evaluation, rows: list[int], names: tuple[str, ...] = ("y",)) -> Evaluation:
+    take: Callable[[Mapping[str, np.ndarray]], Arrays] = lambda d: {n: np.asarray(d[n])[rows] for n in names}  # noqa: E731
     return Evaluation(result.case, take(result.actual), take(result.expected), take(result.allowance))
 
 

@@ -123,6 +123,49 @@ class ToleranceRecord:
 
 
 @dataclass(frozen=True)
+class RoundingRecord:
+    """The mean signed error of a half-precision output in ulps (conformance.judging.rounding):
+    ``bias`` toward zero when negative, ``drift`` toward -inf when negative, their standard errors, the
+    elements counted, and the largest |mean| round-to-nearest reaches at that count (inf: not judged)."""
+
+    bias: float
+    bias_se: float
+    drift: float
+    drift_se: float
+    n: int
+    limit: float
+
+    @property
+    def judged(self) -> bool:
+        return math.isfinite(self.limit)
+
+    @property
+    def passed(self) -> bool:
+        return not self.judged or (abs(self.bias) <= self.limit and abs(self.drift) <= self.limit)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "bias": jsonable(self.bias),
+            "bias_se": jsonable(self.bias_se),
+            "drift": jsonable(self.drift),
+            "drift_se": jsonable(self.drift_se),
+            "n": self.n,
+            "limit": jsonable(self.limit),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> RoundingRecord:
+        return cls(
+            figure(raw.get("bias")),
+            figure(raw.get("bias_se")),
+            figure(raw.get("drift")),
+            figure(raw.get("drift_se")),
+            _count(raw, "n"),
+            figure(raw.get("limit", "inf")),
+        )
+
+
+@dataclass(frozen=True)
 class ComparisonRecord:
     """One output of one check against the oracle: every figure, the rule, and the ledger entry (its
     index) that covered this output, if any."""
@@ -145,10 +188,17 @@ class ComparisonRecord:
     ledger: int | None = None
     # The most cond * mean_error may add (in xhat units); absent in files written before it existed.
     mean_cap: float = math.inf
+    # The share of elements that differ from the correctly rounded oracle (NaN: not recorded).
+    mismatch_fraction: float = math.nan
+    rounding: RoundingRecord | None = None
 
     @property
     def passed(self) -> bool:
-        return not self.problem and self.worst_ratio <= 1.0
+        return not self.problem and self.worst_ratio <= 1.0 and self.rounding_passed
+
+    @property
+    def rounding_passed(self) -> bool:
+        return self.rounding is None or self.rounding.passed
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -166,6 +216,8 @@ class ComparisonRecord:
             "mean_error": jsonable(self.mean_error),
             "sensitivity": jsonable(self.sensitivity),
             "mean_cap": jsonable(self.mean_cap),
+            "mismatch_fraction": jsonable(self.mismatch_fraction),
+            "rounding": None if self.rounding is None else self.rounding.to_dict(),
             "tolerance": self.tolerance.to_dict(),
             "problem": self.problem,
             "ledger": self.ledger,
@@ -193,6 +245,10 @@ class ComparisonRecord:
             _str(raw, "problem"),
             _index(raw.get("ledger")),
             figure(raw.get("mean_cap", "inf")),
+            figure(raw.get("mismatch_fraction")),
+            RoundingRecord.from_dict(rounding)
+            if isinstance(rounding := raw.get("rounding"), Mapping)
+            else None,
         )
 
 
@@ -467,6 +523,7 @@ class LedgerEntry:
     reason: str
     link: str = ""
     training: bool | None = None
+    measure: str = "worst_ratio"  # or "rounding": the band is in ulps of rounding bias
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LedgerEntry:
@@ -483,6 +540,7 @@ class LedgerEntry:
             _str(raw, "reason"),
             _str(raw, "link"),
             training if isinstance(training, bool) else None,
+            _str(raw, "measure", "worst_ratio"),
         )
 
 
