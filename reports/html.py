@@ -106,3 +106,15 @@ def context(data: ReportInput) -> dict[str, Any]:
 
 def render(data: ReportInput) -> str:
     return environment().get_template("report.html.j2").render(context(data))
+
+
+def render_conventions(data: ReportInput) -> str:
+    """The Conventions section alone, as a self-contained page (``normconf conventions --format html``)."""
+    runs = list(data.runs)
+    page = {
+        "title": data.title,
+        "generated": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "environments": [sections.environment(r) for r in runs],
+        "conventions": conventions.conventions(runs),
+    }
+    return environment().get_template("conventions.html.j2").render(page)

@@ -161,3 +161,12 @@ def _failures(runs: list[Run]) -> list[str]:
     if len(found) > MAX_FAILURES:
         lines.append(f"- ... and {len(found) - MAX_FAILURES} more in the HTML report")
     return lines
+
+
+def render_conventions(data: ReportInput) -> str:
+    """The conventions table alone (``normconf conventions``): a title, the runs, the table."""
+    runs = list(data.runs)
+    lines = [f"## {escape(data.title)}", ""]
+    lines += [f"- **{escape(run.label)}**: {len(run.records)} results" for run in runs]
+    table = _conventions(runs)
+    return "\n".join(lines + (table or ["", "These results hold no fingerprint record."])) + "\n"

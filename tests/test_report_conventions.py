@@ -65,3 +65,24 @@ def test_html_and_markdown_carry_both_sections(tmp_path):
     assert "| rms\\_norm.eps | inside-sqrt | inside-sqrt | inside-sqrt | added-to-std\\* |" in md
     assert "counterexample op=rms\\_norm, rows=2, features=8" in md
     assert "Changed between runs:" in md
+
+
+def test_conventions_command_renders_the_table_alone(tmp_path, capsys):
+    from conformance.cli import main
+
+    (path,) = [write(tmp_path / "results.jsonl", [*standard_records(), *convention_records("added-to-std")])]
+    assert main.main(["conventions", str(path)]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("## normconf conventions") and "### Conventions" in md
+    assert "| rms\\_norm.eps | inside-sqrt | added-to-std\\* |" in md
+    assert "### Failures" not in md and "### Properties" not in md  # the table alone
+    out = tmp_path / "conventions.html"
+    assert main.main(["conventions", str(path), "--format", "html", "-o", str(out)]) == 0
+    page = out.read_text()
+    assert '<section id="conventions">' in page and "added-to-std*" in page
+    assert '<section id="matrix">' not in page and "default-src 'none'" in page
+    bare = write(tmp_path / "plain.jsonl", standard_records())
+    assert main.main(["conventions", str(bare)]) == 0
+    assert "hold no fingerprint record" in capsys.readouterr().out
+    assert main.main(["conventions", str(path), "--format", "pdf"]) == 2
+    assert "--format='pdf' is not allowed; allowed: html, md" in capsys.readouterr().err

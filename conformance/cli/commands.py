@@ -207,6 +207,36 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
+CONVENTIONS_HELP = """The conventions table alone: fingerprint question x backend, from the fingerprint
+records of one or more runs (answers that differ from normconf's reference marked; in HTML each
+answer opens its evidence). The table of a porting guide: which eps, momentum, variance and
+precision each backend uses.
+
+examples:
+  normconf conventions .normconf/results.jsonl
+  normconf conventions .normconf/results.jsonl --format html -o conventions.html"""
+
+
+def build_conventions(sub: Sub, name: str) -> argparse.ArgumentParser:
+    p = options.subparser(
+        sub, name, "the fingerprint conventions table of runs, Markdown or HTML", CONVENTIONS_HELP
+    )
+    p.add_argument("results", nargs="+", metavar="RESULTS", help="results files (JSON Lines)")
+    p.add_argument("-o", "--output", default="-", help="output file, - for stdout (the default)")
+    p.add_argument("--format", default="md", help="md (default) or html")
+    p.add_argument("--title", default="normconf conventions", help="title")
+    return p
+
+
+def conventions(args: argparse.Namespace) -> int:
+    render_fn = options.renderer(args.format, render.CONVENTIONS_GROUP)
+    data = render.ReportInput(tuple(options.load_runs(args.results)), title=args.title)
+    options.write_text(args.output, render_fn(data))
+    if args.output != "-":
+        print(f"conventions: {args.output}", file=sys.stderr)
+    return 0
+
+
 def _check_baseline(baseline: str | None, benches: list[Any]) -> None:
     if baseline is None:
         return
@@ -330,6 +360,7 @@ Builder = Callable[["Sub", str], argparse.ArgumentParser]
 COMMANDS: dict[str, tuple[Builder, Callable[[argparse.Namespace], int]]] = {
     "run": (build_run, run),
     "report": (build_report, report),
+    "conventions": (build_conventions, conventions),
     "compare": (build_compare, compare),
     "backends": (build_backends, backends),
     "cases": (build_cases, cases),

@@ -75,9 +75,9 @@ def parse_shard(spec: str | None) -> shard.Shard | None:
         raise UsageError(str(exc)) from exc
 
 
-def renderer(fmt: str) -> render.Renderer:
+def renderer(fmt: str, group: str = render.GROUP) -> render.Renderer:
     try:
-        return render.load(fmt)
+        return render.load(fmt, group)
     except render.RendererError as exc:
         raise UsageError(str(exc)) from exc
 

@@ -15,6 +15,8 @@ from conformance.results.diff import Thresholds
 from conformance.results.runs import Run
 
 GROUP = "normconf.renderers"
+# Renderers of the conventions table alone (`normconf conventions`), by format name, like GROUP.
+CONVENTIONS_GROUP = "normconf.conventions"
 
 
 class RendererError(RuntimeError):
@@ -35,16 +37,15 @@ class ReportInput:
 Renderer = Callable[[ReportInput], str]
 
 
-def formats() -> list[str]:
-    return sorted({ep.name for ep in metadata.entry_points(group=GROUP)})
+def formats(group: str = GROUP) -> list[str]:
+    return sorted({ep.name for ep in metadata.entry_points(group=group)})
 
 
-def load(fmt: str) -> Renderer:
-    found = [ep for ep in metadata.entry_points(group=GROUP) if ep.name == fmt]
+def load(fmt: str, group: str = GROUP) -> Renderer:
+    found = [ep for ep in metadata.entry_points(group=group) if ep.name == fmt]
     if not found:
-        raise RendererError(
-            f"--format={fmt!r} is not allowed; allowed: {', '.join(formats()) or '(no renderer installed)'}"
-        )
+        allowed = ", ".join(formats(group)) or "(no renderer installed)"
+        raise RendererError(f"--format={fmt!r} is not allowed; allowed: {allowed}")
     try:
         renderer = found[0].load()
     except ImportError as exc:
