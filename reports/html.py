@@ -81,7 +81,7 @@ def context(data: ReportInput) -> dict[str, Any]:
     failures = tables.failures(runs)
     return {
         "title": data.title,
-        "generated": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "generated": _now(),
         "environments": [sections.environment(r) for r in runs],
         "bench_files": data.benches,
         "totals": tables.totals(runs),
@@ -104,6 +104,10 @@ def context(data: ReportInput) -> dict[str, Any]:
     }
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
 def render(data: ReportInput) -> str:
     return environment().get_template("report.html.j2").render(context(data))
 
@@ -113,7 +117,7 @@ def render_conventions(data: ReportInput) -> str:
     runs = list(data.runs)
     page = {
         "title": data.title,
-        "generated": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "generated": _now(),
         "environments": [sections.environment(r) for r in runs],
         "conventions": conventions.conventions(runs),
     }

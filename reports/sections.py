@@ -220,7 +220,7 @@ def _measured(c: ComparisonRecord) -> list[float]:
     if not c.worst_ratio <= 1:
         return [c.worst_ratio]
     if c.rounding is not None and not c.rounding.passed:
-        return [max(abs(c.rounding.bias), abs(c.rounding.drift))]
+        return [c.rounding.size]
     return []
 
 

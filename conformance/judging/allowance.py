@@ -40,11 +40,12 @@ class Factors:
 def factors(
     case: Case, output: str, inputs: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]
 ) -> Factors:
+    error = mean_error(case, expected)
     return Factors(
         scale(case, output, inputs, expected),
-        mean_error(case, expected),
+        error,
         sensitivity(case, output, inputs, expected),
-        mean_cap(case, expected),
+        mean_cap(case, error),
     )
 
 

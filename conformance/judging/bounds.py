@@ -16,6 +16,7 @@ import numpy as np
 
 from conformance.model.case import Case
 from conformance.model.dtypes import stats_dtype, unit_roundoff
+from conformance.model.inputs import groups
 from conformance.oracle.batch_norm import per_channel, stat_axes
 from conformance.oracle.layer_norm import Axes, other_axes, trailing_axes
 
@@ -33,8 +34,7 @@ def group_axes(case: Case, ndim: int) -> tuple[Axes, Axes]:
 
 def group_size(case: Case) -> int:
     """n, the number of values one mean and one rstd are computed from."""
-    x_size = int(np.prod(case.shape))
-    return case.rows if case.op == "batch_norm" else x_size // case.rows
+    return groups(case)[1]
 
 
 def xhat_bound(case: Case) -> float:

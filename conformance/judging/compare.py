@@ -55,10 +55,11 @@ def compare(
     atol_effective = factors.atol(tol)
     ratio = _ratios(a, e, tol.rtol, atol_effective)
     ratio = np.where(_overflow_agrees(a, e, dtype), 0.0, ratio)
+    spacing = ulp(e, dtype)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         diff = np.abs(a - e)
         rel = np.where(e != 0, diff / np.abs(e), np.where(diff == 0, 0.0, np.inf))
-        ulps = diff / ulp(e, dtype)
+        ulps = diff / spacing
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
     both = finite & np.isfinite(a)
     return ComparisonRecord(
@@ -77,7 +78,7 @@ def compare(
         sensitivity=factors.sensitivity,
         mean_cap=factors.mean_cap,
         mismatch_fraction=mismatch_fraction(a, e, dtype),
-        rounding=bias(a, e, dtype),
+        rounding=bias(a, e, dtype, spacing),
         tolerance=_recorded(tol, atol_effective),
     )
 

@@ -39,8 +39,7 @@ def mean_error(case: Case, expected: Mapping[str, np.ndarray]) -> float:
     return unit_roundoff(stats_dtype(case.dtype)) * kappa(case, expected)
 
 
-def mean_cap(case: Case, expected: Mapping[str, np.ndarray]) -> float:
-    """The most cond * mean_error may reach: sqrt(n), or two roundings for groups of one value."""
-    if group_size(case) == 1:
-        return 2.0 * mean_error(case, expected)
-    return xhat_bound(case)
+def mean_cap(case: Case, error: float) -> float:
+    """The most cond * mean_error may reach, given the case's mean_error: sqrt(n), or two roundings
+    for groups of one value."""
+    return 2.0 * error if group_size(case) == 1 else xhat_bound(case)

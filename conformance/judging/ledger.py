@@ -52,8 +52,7 @@ class Deviation:
     def covers(self, comparison: ComparisonRecord) -> bool:
         """Whether this failing comparison is the deviation the entry describes, inside its band."""
         if self.measure == "rounding":
-            r = comparison.rounding
-            size = max(abs(r.bias), abs(r.drift)) if r is not None else math.inf
+            size = comparison.rounding.size if comparison.rounding is not None else math.inf
             return comparison.worst_ratio <= 1.0 and not comparison.problem and size <= self.band[1]
         # Beyond tolerance: covered whatever the bias. Within it, a bias is not what this entry records.
         return comparison.worst_ratio <= self.band[1] and (

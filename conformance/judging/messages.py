@@ -56,9 +56,7 @@ def failure(
         head += _figures(c)
     if entry is not None:
         if entry.measure == "rounding":
-            size = (
-                max(abs(c.rounding.bias), abs(c.rounding.drift)) if c.rounding is not None else float("nan")
-            )
+            size = c.rounding.size if c.rounding is not None else float("nan")
             head += (
                 f"  ledger deviation[{entry.index}] covers this output's rounding bias up to "
                 f"{entry.band[1]:g} "

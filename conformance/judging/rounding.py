@@ -50,15 +50,18 @@ def mismatch_fraction(actual: np.ndarray, expected: np.ndarray, dtype: str) -> f
     return float(np.count_nonzero(~same)) / e.size
 
 
-def bias(actual: np.ndarray, expected: np.ndarray, dtype: str) -> RoundingRecord | None:
+def bias(
+    actual: np.ndarray, expected: np.ndarray, dtype: str, spacing: np.ndarray | None = None
+) -> RoundingRecord | None:
     """The mean signed errors in ulps (``bias`` toward zero, ``drift`` toward -inf); None where the
-    output dtype is not judged for bias."""
+    output dtype is not judged for bias. ``spacing``: ulp(expected, dtype), when the caller has it."""
     if dtype not in JUDGED_DTYPES:
         return None
     a = np.asarray(actual).astype(np.float64).ravel()
     e = np.asarray(expected, dtype=np.float64).ravel()
+    step = (ulp(e, dtype) if spacing is None else np.asarray(spacing)).ravel()
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        errors = (a - e) / ulp(e, dtype)
+        errors = (a - e) / step
     within = np.isfinite(a) & np.isfinite(e) & (e != 0) & (np.abs(errors) <= 1.0)
     raw = errors[within]
     n = int(raw.size)

@@ -31,7 +31,7 @@ SMALL_SCALE: dict[str, float] = {"float64": 1e-160, "float32": 1e-20, "float16":
 OUTLIER_VALUE: dict[str, float] = {"float64": 1e8, "float32": 1e6, "float16": 1e3, "bfloat16": 1e6}
 
 
-def _groups(case: Case) -> tuple[int, int]:
+def groups(case: Case) -> tuple[int, int]:
     """(groups, group length), as if x were reshaped so each row is one normalization group.
 
     LN/RMS groups are rows; BN groups are channels, each holding ``case.rows`` values.
@@ -52,12 +52,12 @@ def _to_layout(case: Case, grouped: np.ndarray) -> np.ndarray:
 
 def _normal(rng: np.random.Generator, case: Case) -> np.ndarray:
     """Standard normal: the baseline every implementation should get right."""
-    return rng.standard_normal(_groups(case))
+    return rng.standard_normal(groups(case))
 
 
 def _offset(rng: np.random.Generator, case: Case) -> np.ndarray:
     """Mean far from zero relative to the spread: catches low-precision and one-pass statistics."""
-    return OFFSET_KAPPA[case.dtype] + rng.standard_normal(_groups(case))
+    return OFFSET_KAPPA[case.dtype] + rng.standard_normal(groups(case))
 
 
 def _near_constant(rng: np.random.Generator, case: Case) -> np.ndarray:
@@ -67,19 +67,19 @@ def _near_constant(rng: np.random.Generator, case: Case) -> np.ndarray:
     dominated by eps and ``sqrt(var) + eps`` differs from ``sqrt(var + eps)`` by orders of magnitude.
     """
     spread = max(0.01 * float(np.sqrt(case.eps)), 1e-4 if case.dtype == "float16" else 0.0)
-    values: np.ndarray = spread * rng.standard_normal(_groups(case))
+    values: np.ndarray = spread * rng.standard_normal(groups(case))
     return values
 
 
 def _constant(rng: np.random.Generator, case: Case) -> np.ndarray:
     """Each group constant (zero variance): y must equal bias, dx must be finite, no 0/0."""
-    rows, length = _groups(case)
+    rows, length = groups(case)
     return np.repeat(rng.standard_normal((rows, 1)), length, axis=1)
 
 
 def _outlier(rng: np.random.Generator, case: Case) -> np.ndarray:
     """One huge element per group: catches overflowing squares and statistics it dominates."""
-    values = rng.standard_normal(_groups(case))
+    values = rng.standard_normal(groups(case))
     rows, length = values.shape
     values[np.arange(rows), rng.integers(0, length, size=rows)] = OUTLIER_VALUE[case.dtype]
     return values
@@ -87,17 +87,17 @@ def _outlier(rng: np.random.Generator, case: Case) -> np.ndarray:
 
 def _large(rng: np.random.Generator, case: Case) -> np.ndarray:
     """Values whose squares overflow the dtype (fp16) or approach its limit (fp32/bf16 near 5e17)."""
-    return LARGE_SCALE[case.dtype] * rng.standard_normal(_groups(case))
+    return LARGE_SCALE[case.dtype] * rng.standard_normal(groups(case))
 
 
 def _small(rng: np.random.Generator, case: Case) -> np.ndarray:
     """Values whose squares underflow into subnormals: catches statistics in the activation dtype."""
-    return SMALL_SCALE[case.dtype] * rng.standard_normal(_groups(case))
+    return SMALL_SCALE[case.dtype] * rng.standard_normal(groups(case))
 
 
 def _zeros(rng: np.random.Generator, case: Case) -> np.ndarray:
     """All zeros: y = bias, rstd = 1/sqrt(eps); catches 0/0 and eps dropped."""
-    return np.zeros(_groups(case))
+    return np.zeros(groups(case))
 
 
 DISTRIBUTIONS: dict[str, Draw] = {

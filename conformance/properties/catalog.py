@@ -108,7 +108,7 @@ def evaluate(
 ) -> Evaluation:
     """Run ``backend`` on ``inputs`` (validated, under the deadline); with ``price``, also the oracle's
     answer and every element's allowance."""
-    given = dict(inputs) if grad else {k: v for k, v in inputs.items() if k != "dy"}
+    given = _given(inputs, grad)
     shapes = {name: output_shape(case, name) for name in produced(case, grad)}
     result = run_backend(
         backend, case, given, grad=grad, calls=1, expected_shapes=shapes, timeout=ctx.timeout
@@ -118,6 +118,11 @@ def evaluate(
     expected = oracle.evaluate(case, given, grad=grad)
     allowance = {name: allowance_of(case, name, given, expected, ctx.tolerances) for name in shapes}
     return Evaluation(case, result.outputs[0], expected, allowance)
+
+
+def _given(inputs: Mapping[str, np.ndarray], grad: bool) -> Arrays:
+    """What a call sees: the inputs, without dy unless it runs the backward."""
+    return {k: v for k, v in inputs.items() if grad or k != "dy"}
 
 
 def allowance_of(
@@ -248,7 +253,7 @@ def nonfinite_containment(backend: Backend, example: Example, ctx: PropertyConte
     spoiled[row, column] = poison
     dirty_inputs = {**inputs, "x": spoiled}
     dirty = evaluate(backend, case, dirty_inputs, ctx, grad, price=False)
-    given = dirty_inputs if grad else {k: v for k, v in dirty_inputs.items() if k != "dy"}
+    given = _given(dirty_inputs, grad)
     with np.errstate(invalid="ignore", over="ignore"):  # the exact answer is NaN/Inf there
         exact = oracle.evaluate(case, given, grad=grad)
     source = f"x[{row}, {column}] = {poison!r}"

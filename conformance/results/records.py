@@ -140,8 +140,13 @@ class RoundingRecord:
         return math.isfinite(self.limit)
 
     @property
+    def size(self) -> float:
+        """The larger of |bias| and |drift|: how far the output leans, whichever way."""
+        return max(abs(self.bias), abs(self.drift))
+
+    @property
     def passed(self) -> bool:
-        return not self.judged or (abs(self.bias) <= self.limit and abs(self.drift) <= self.limit)
+        return not self.judged or self.size <= self.limit
 
     def to_dict(self) -> dict[str, object]:
         return {
