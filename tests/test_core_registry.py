@@ -171,7 +171,7 @@ def test_resolve_against_an_empty_table():
 
 @pytest.mark.parametrize("spec", ["", " , ", ","])
 def test_resolve_empty_spec_is_an_error(spec):
-    with pytest.raises(RegistryError, match="is not allowed; allowed: all or a comma list of"):
+    with pytest.raises(RegistryError, match="is not allowed; allowed: all, frameworks or a comma list of"):
         resolve(spec, TABLE)
 
 
@@ -223,3 +223,19 @@ def test_entry_point_that_cannot_import_fails_to_load_with_cause():
 
 class Ok:
     name = "fake-ok"
+
+
+def test_framework_backends_are_opt_in() -> None:
+    """``all`` leaves the normconf.backends.frameworks entries out; ``frameworks`` selects them."""
+    from conformance.adapter import registry
+
+    table = {
+        "plain": registry.Entry("plain", "test", object),
+        "framework": registry.Entry("framework", "test", object, opt_in=True),
+    }
+    assert registry.resolve("all", table) == ["plain"]
+    assert registry.resolve("frameworks", table) == ["framework"]
+    assert registry.resolve("all,frameworks", table) == ["plain", "framework"]
+    assert registry.resolve("framework,plain", table) == ["framework", "plain"]
+    with pytest.raises(registry.RegistryError, match="not allowed"):
+        registry.register("frameworks")

@@ -8,6 +8,8 @@ from conformance.adapter.registry import Entry
 
 def describe(entry: Entry) -> list[str]:
     lines = [f"{entry.name}", f"  origin: {entry.origin}"]
+    if entry.opt_in:
+        lines.append("  selected by: --backend frameworks (not by all)")
     opened = open_backend(entry)
     if isinstance(opened, Absent):
         return [*lines, f"  available: {'no, broken' if opened.broken else 'no'} ({opened.detail})"]

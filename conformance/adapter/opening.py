@@ -22,6 +22,12 @@ EXTRAS: dict[str, str] = {
     "onnx": "onnx",
     "onnxruntime": "onnx",
     "onnxscript": "onnx",
+    "jax": "flax",
+    "jaxlib": "flax",
+    "flax": "flax",
+    "keras": "keras",
+    "openvino": "openvino",
+    "transformers": "transformers",
 }
 
 

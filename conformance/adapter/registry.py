@@ -1,6 +1,9 @@
 """One table of backends fed by the ``normconf.backends`` entry points and ``register()``.
 
 Listing reads names and origins without importing any adapter; loading imports and instantiates.
+Backends registered under ``normconf.backends.frameworks`` (the framework and runtime adapters of
+docs/porting.md) are opt-in: ``all`` leaves them out, ``frameworks`` selects them, ``all,frameworks``
+selects both. They are many, and the ``ci`` profile over all of them takes longer than a CI job should.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from typing import Any, TypeVar
 from conformance.adapter.backend import Backend
 
 GROUP = "normconf.backends"
+OPT_IN_GROUP = "normconf.backends.frameworks"
+# Words --backend takes besides backend names; no backend may be called one of them.
+KEYWORDS = ("all", "frameworks")
 _NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _registered: dict[str, Entry] = {}
 
@@ -37,6 +43,7 @@ class Entry:
     origin: str
     factory: Callable[[], Any]
     module: str = ""  # the module an entry point names; "" for a register()ed class
+    opt_in: bool = False  # selected by "frameworks", not by "all"
 
     def load(self) -> Backend:
         try:
@@ -52,8 +59,10 @@ class Entry:
 
 
 def _check_name(name: str) -> None:
-    if not _NAME.match(name):
-        raise RegistryError(f"backend name={name!r} is not allowed; allowed: kebab-case like 'my-backend'")
+    if not _NAME.match(name) or name in KEYWORDS:
+        raise RegistryError(
+            f"backend name={name!r} is not allowed; allowed: kebab-case like 'my-backend', not {KEYWORDS}"
+        )
 
 
 def register(name: str) -> Callable[[T], T]:
@@ -71,26 +80,27 @@ def register(name: str) -> Callable[[T], T]:
     return decorate
 
 
-def _entry_point(ep: metadata.EntryPoint) -> Entry:
+def _entry_point(ep: metadata.EntryPoint, opt_in: bool = False) -> Entry:
     dist = getattr(ep, "dist", None)
     where = f" from {dist.name} {dist.version}" if dist is not None else ""
 
     def factory() -> Any:
         return ep.load()()
 
-    return Entry(ep.name, f"entry point {ep.value}{where}", factory, ep.module)
+    return Entry(ep.name, f"entry point {ep.value}{where}", factory, ep.module, opt_in)
 
 
 def entries() -> dict[str, Entry]:
     """Every known backend by name; a name claimed twice is an error naming both origins."""
     table: dict[str, Entry] = {}
     seen_values: dict[str, str] = {}
-    for ep in metadata.entry_points(group=GROUP):
-        # One distribution can be visible twice on sys.path (editable + build dir); same target is fine.
-        if seen_values.get(ep.name) == ep.value:
-            continue
-        _add(table, _entry_point(ep))
-        seen_values[ep.name] = ep.value
+    for group, opt_in in ((GROUP, False), (OPT_IN_GROUP, True)):
+        for ep in metadata.entry_points(group=group):
+            # One distribution can be visible twice on sys.path (editable + build dir); same target is fine.
+            if seen_values.get(ep.name) == ep.value:
+                continue
+            _add(table, _entry_point(ep, opt_in))
+            seen_values[ep.name] = ep.value
     for entry in _registered.values():
         _add(table, entry)
     return dict(sorted(table.items()))
@@ -106,14 +116,18 @@ def _add(table: dict[str, Entry], entry: Entry) -> None:
 
 
 def resolve(spec: str, table: dict[str, Entry]) -> list[str]:
-    """Turn ``all`` or a comma list into names; an unknown name gets the known ones and a guess."""
-    if spec.strip() == "all":
-        return list(table)
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    if not names:
+    """Turn a comma list of names and keywords (``all``: every backend but the opt-in ones;
+    ``frameworks``: the opt-in ones) into names; an unknown name gets the known ones and a guess."""
+    words = [n.strip() for n in spec.split(",") if n.strip()]
+    if not words:
         raise RegistryError(
-            f"--backend={spec!r} is not allowed; allowed: all or a comma list of {list(table)}"
+            f"--backend={spec!r} is not allowed; allowed: all, frameworks or a comma list of {list(table)}"
         )
+    keyword = {
+        "all": [n for n, e in table.items() if not e.opt_in],
+        "frameworks": [n for n, e in table.items() if e.opt_in],
+    }
+    names = [name for word in words for name in keyword.get(word, [word])]
     for name in names:
         if name not in table:
             guess = difflib.get_close_matches(name, list(table), n=1)

@@ -39,7 +39,12 @@ def _selection_options(p: argparse.ArgumentParser, profile: str) -> None:
 
 def build_run(sub: Sub, name: str) -> argparse.ArgumentParser:
     p = options.subparser(sub, name, "run the suite and write results and the report", RUN_HELP)
-    p.add_argument("--backend", default="all", help="comma list of backend names, or all (default)")
+    p.add_argument(
+        "--backend",
+        default="all",
+        help="comma list of backend names and keywords: all (default: every backend but the opt-in"
+        " ones), frameworks (the opt-in framework backends)",
+    )
     _selection_options(p, "ci")
     p.add_argument(
         "-o", "--output", default=".normconf", metavar="DIR", help="output folder (default .normconf)"

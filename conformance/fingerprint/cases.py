@@ -180,7 +180,7 @@ def default_eps_bn() -> Probe:
 def eps_candidates(dtype: str) -> dict[str, float]:
     """Defaults seen in libraries: fixed constants, or the machine epsilon of the input dtype or of
     the float32 it is upcast to (torch.nn.RMSNorm's eps=None)."""
-    named = {"1e-05": 1e-5, "1e-06": 1e-6, "1e-08": 1e-8, "1e-12": 1e-12}
+    named = {"0.001": 1e-3, "1e-05": 1e-5, "1e-06": 1e-6, "1e-08": 1e-8, "1e-12": 1e-12}
     for name in dict.fromkeys(("float32", dtype)):
         named[f"finfo({name}).eps"] = float(finfo(name).eps)
     return named

@@ -37,7 +37,12 @@ PROPERTY = "normconf_result"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("normconf", "normconf conformance suite")
-    group.addoption("--backend", default="all", help="comma list of backend names, or 'all' (default)")
+    group.addoption(
+        "--backend",
+        default="all",
+        help="comma list of backend names and keywords: all (default: every backend but the opt-in"
+        " ones), frameworks (the opt-in framework backends)",
+    )
     group.addoption("--op", default=None, help="comma list of ops to run (default: all in the profile)")
     group.addoption("--dtype", default=None, help="comma list of activation dtypes to run")
     group.addoption("--profile", default="smoke", help="case profile: smoke (default), ci, full")

@@ -1,0 +1,192 @@
+"""A case translated into Keras terms: which layer, its constructor arguments, its dtype policy and
+the values of its variables. Pure data and NumPy (no keras import), so the translation is computed
+once in the adapter's process and pickled to a child process that runs Keras on another backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backends._translate import offset_scale
+from conformance.adapter.backend import Inputs, Unsupported
+from conformance.model.case import Case
+from conformance.model.dtypes import round_to
+
+# The Keras layer of each op; add_rms_norm is x + residual (in the activation dtype), then RMSNormalization.
+LAYERS: dict[str, str] = {
+    "layer_norm": "LayerNormalization",
+    "rms_norm": "RMSNormalization",
+    "batch_norm": "BatchNormalization",
+    "add_rms_norm": "RMSNormalization",
+}
+# Keras' own epsilon defaults (keras 3.15 source: layers/normalization/*.py); the fingerprint's
+# default-eps hook leaves epsilon out so these apply. Checked against the installed Keras in tests.
+DEFAULT_EPS: dict[str, float] = {
+    "LayerNormalization": 1e-3,
+    "RMSNormalization": 1e-6,
+    "BatchNormalization": 1e-3,
+}
+# Keras' DTypePolicy names a compute dtype with its variable dtype: "<dtype>" (both equal) or one of
+# the two mixed policies below (keras.src.dtype_policies.DTypePolicy._parse_name). Any other pairing
+# of activation and parameter dtypes has no policy.
+MIXED_POLICIES: dict[tuple[str, str], str] = {
+    ("float16", "float32"): "mixed_float16",
+    ("bfloat16", "float32"): "mixed_bfloat16",
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a Keras process needs to build and run one case (plus x, residual, dy).
+
+    ``variables`` maps each Keras variable name of the built layer (gamma, beta, scale, moving_mean,
+    moving_variance) to its value in the variable dtype; ``grads`` maps a contract output (dweight,
+    dbias) to the variable it is the gradient of.
+    """
+
+    case_id: str
+    op: str
+    layer: str
+    kwargs: Mapping[str, object]
+    policy: str
+    shape: tuple[int, ...]
+    dtype: str
+    variables: Mapping[str, np.ndarray] = field(default_factory=dict)
+    grads: Mapping[str, str] = field(default_factory=dict)
+    training: bool | None = None
+    residual: bool = False
+
+    @property
+    def variable_dtype(self) -> str:
+        return _variable_dtype(self.policy)
+
+
+def _variable_dtype(policy: str) -> str:
+    return "float32" if policy in MIXED_POLICIES.values() else policy
+
+
+def policy_name(case: Case) -> str:
+    """The Keras dtype policy of the case: compute dtype = activations, variable dtype = parameters."""
+    if case.weight_dtype == case.dtype:
+        return case.dtype
+    name = MIXED_POLICIES.get((case.dtype, case.weight_dtype))
+    if name is None:
+        raise Unsupported(
+            f"Keras has no dtype policy with compute dtype {case.dtype} and variable dtype "
+            f"{case.weight_dtype} (policies: one dtype for both, or {', '.join(MIXED_POLICIES.values())})"
+        )
+    return name
+
+
+def keras_momentum(momentum: float | None) -> float:
+    """Keras' BatchNormalization momentum for the contract's (PyTorch's) momentum ``m``.
+
+    Keras keeps ``momentum`` of the OLD value (moving = momentum * moving + (1 - momentum) * batch);
+    PyTorch blends in ``m`` of the new batch statistic ((1 - m) * running + m * batch): the same
+    update with Keras' momentum = 1 - m. Exact up to the float64 rounding of 1 - m (Keras forms
+    1 - momentum again, which gives back m to within 1 ulp of float64).
+    """
+    if momentum is None:
+        # PyTorch's cumulative average (1 / batches seen) has no Keras spelling: Keras' momentum is
+        # one fixed float. (A single step from a fresh counter equals momentum 0, but claiming that
+        # would tell a porting user that Keras averages cumulatively; it does not.)
+        raise Unsupported(
+            "momentum=None (cumulative average): Keras' BatchNormalization has only a fixed momentum"
+        )
+    return 1.0 - momentum
+
+
+def axis(case: Case) -> int | list[int]:
+    """LN/RMS: the trailing ``norm_ndim`` axes; BN: the channel axis 1 (Keras' default is -1)."""
+    if case.op == "batch_norm":
+        return 1
+    return -1 if case.norm_ndim == 1 else list(range(-case.norm_ndim, 0))
+
+
+def layer_kwargs(case: Case, momentum: float | None, *, default_eps: bool = False) -> dict[str, object]:
+    """The layer's constructor arguments, every one explicit (epsilon left out only for the
+    fingerprint's default-eps hook, so Keras' own default applies)."""
+    kwargs: dict[str, object] = {"axis": axis(case)}
+    if not default_eps:
+        kwargs["epsilon"] = case.eps
+    if case.op in ("layer_norm", "batch_norm"):
+        # Keras has separate switches: center (beta) and scale (gamma), so no frozen stand-ins.
+        kwargs["center"] = bool(case.bias)
+        kwargs["scale"] = case.weight
+    if case.op == "batch_norm":
+        assert momentum is not None, "BatchNormalization needs a Keras momentum (keras_momentum)"
+        kwargs["momentum"] = momentum
+    return kwargs
+
+
+def _variables(
+    case: Case, inputs: Inputs, variable_dtype: str
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Variable values (held in the variable dtype) and the gradient each output is."""
+    values: dict[str, np.ndarray] = {}
+    grads: dict[str, str] = {}
+    weight_name = "scale" if LAYERS[case.op] == "RMSNormalization" else "gamma"
+    if case.weight:
+        values[weight_name] = _scale(case, inputs)
+        grads["dweight"] = weight_name
+    elif weight_name == "scale":
+        # RMSNormalization always has a scale: ones are exact (x * 1 == x) and are not differentiated.
+        values["scale"] = np.ones(case.param_shape)
+    if case.bias:
+        values["beta"] = inputs["bias"]
+        grads["dbias"] = "beta"
+    if case.op == "batch_norm":
+        values["moving_mean"] = inputs["running_mean"]
+        values["moving_variance"] = inputs["running_var"]
+    # Every value is exact in the variable dtype (it is the parameter dtype or wider): no rounding.
+    held = {name: round_to(np.asarray(v, dtype=np.float64), variable_dtype) for name, v in values.items()}
+    return held, grads
+
+
+def _scale(case: Case, inputs: Inputs) -> np.ndarray:
+    """The weight, or Gemma's ``offset + w`` where it is held exactly in the parameter dtype.
+
+    Keras' RMSNormalization has no offset. The translated scale must be exact where Keras holds it:
+    a half-precision compute policy casts the scale to that dtype inside the layer (autocast), even
+    a float32 variable of a mixed policy, and a float32 variable cannot hold a wider value, so a
+    scale that needs more bits than the parameter dtype (offset_scale widened it) cannot be given.
+    """
+    weight = inputs["weight"]
+    if not case.weight_offset:
+        return weight
+    scale = offset_scale(weight, case.weight_offset, case.weight_dtype).astype(np.float64)
+    if not np.array_equal(round_to(scale, case.weight_dtype).astype(np.float64), scale):
+        raise Unsupported(
+            f"weight_offset={case.weight_offset}: Keras' RMSNormalization has no offset, and the "
+            f"translated scale {case.weight_offset} + w is not exact in {case.weight_dtype}, the dtype "
+            "Keras holds and applies the scale in"
+        )
+    return scale
+
+
+def plan(case: Case, inputs: Inputs, momentum: float | None, *, default_eps: bool = False) -> Plan:
+    """Translate ``case`` into a Plan; ``momentum`` is BatchNormalization's Keras momentum (see
+    keras_momentum; None for the other layers).
+
+    Raises Unsupported for what Keras cannot express (a dtype pairing without a policy, an inexact
+    Gemma offset).
+    """
+    policy = policy_name(case)
+    values, grads = _variables(case, inputs, _variable_dtype(policy))
+    training = case.training if case.op == "batch_norm" else None
+    return Plan(
+        case_id=case.id,
+        op=case.op,
+        layer=LAYERS[case.op],
+        kwargs=layer_kwargs(case, momentum, default_eps=default_eps),
+        policy=policy,
+        shape=case.shape,
+        dtype=case.dtype,
+        variables=values,
+        grads=grads,
+        training=training,
+        residual=case.op == "add_rms_norm",
+    )

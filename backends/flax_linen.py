@@ -1,0 +1,374 @@
+"""flax: Flax linen LayerNorm, RMSNorm and BatchNorm under jax.jit, gradients through jax.vjp.
+
+Each case is one jitted function of (params, batch_stats, x, residual, dy), lowered and compiled in
+prepare() (timed there and reported by info()); __call__ runs the compiled executable and blocks.
+Conventions Flax lacks are translated exactly where a translation exists: PyTorch's momentum m is
+Flax's 1 - m, Gemma's offset becomes the scale ``offset + w``. Flax's defaults are kept otherwise
+(``use_fast_variance=True``: one-pass E[x^2] - E[x]^2 statistics), so the suite sees what users get.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+
+from backends import _jax_common as jc
+from backends._translate import offset_scale
+from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Outputs, Prepared, Unsupported
+from conformance.model.case import Case
+from conformance.model.dtypes import DTYPES
+
+OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"})
+# Compiled executables kept per process; a ci run compiles each distinct (shape, dtype, option) once.
+CACHE_SIZE = 512
+NOTES = {
+    "jit": "jax.jit(fn).lower(args).compile() in prepare(), timed there (info: compile_s, 0 when cached);"
+    " __call__ runs the compiled executable and blocks until ready",
+    "x64": "jax_enable_x64 is turned on: without it JAX computes float64 cases in float32",
+    "use_fast_variance": "Flax's default True is kept: LayerNorm and BatchNorm (training) statistics are"
+    " one-pass E[x^2] - E[x]^2 clipped at 0 (RMSNorm needs no mean), computed in at least float32",
+    "param_dtype": "modules get dtype=activation dtype (y's dtype) and param_dtype=parameter dtype (Flax"
+    " uses param_dtype only to create parameters; the loaded arrays carry the case's dtypes);"
+    " statistics are at least float32 (force_float32_reductions default); batch_stats are held in"
+    " float32 (float64 for float64 parameters) as Flax creates them, loaded exactly from the case's"
+    " running statistics, and returned updated in that dtype",
+    "weight_offset": "translated: linen.RMSNorm has no offset, so the scale is offset + w, held exactly"
+    " in float32 or float64 (its gradient is dweight, reported in the parameter dtype)",
+    "momentum": "translated: Flax keeps momentum of the old running value, so PyTorch's m is 1 - m;"
+    " momentum=None (cumulative average) has no Flax equivalent and is not declared",
+    "running_var": "Flax updates the running variance with the biased batch variance (PyTorch: unbiased);"
+    " not translatable inside the module, reported as a deviation",
+    "add_rms_norm": "x + residual in the activation dtype, then linen.RMSNorm; XLA's default"
+    " allow_excess_precision may skip the rounding of the sum inside the jitted graph (a deviation)",
+    "threads": "XLA's CPU client sizes its own thread pool to the machine; --bench-threads does not apply",
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything the compiled function depends on (the cache key); parameter values are run-time inputs."""
+
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    scale_dtype: str  # the scale's dtype: the parameter dtype, or wider for a translated offset
+    param_dtype: str  # the case's parameter dtype (bias, reported gradients)
+    eps: float | None  # None: Flax's own default (the fingerprint's default-eps hook)
+    norm_ndim: int
+    weight: bool
+    bias: bool
+    training: bool
+    momentum: float | None  # BatchNorm: Flax's momentum (already translated); None for other ops
+    grad: bool
+
+    @classmethod
+    def of(
+        cls, case: Case, scale_dtype: str, *, grad: bool, eps: float | None, momentum: float | None
+    ) -> Spec:
+        return cls(
+            case.op,
+            case.shape,
+            case.dtype,
+            scale_dtype,
+            case.weight_dtype,
+            eps,
+            case.norm_ndim,
+            case.weight,
+            bool(case.bias),
+            case.training,
+            momentum,
+            grad,
+        )
+
+    @property
+    def axes(self) -> tuple[int, ...]:
+        """LN/RMS: the trailing norm_ndim axes, both reduced over and carrying the parameters."""
+        return tuple(range(-self.norm_ndim, 0))
+
+    @property
+    def stats_dtype(self) -> str:
+        """Flax creates batch_stats in float32 (force_float32_reductions); float64 parameters keep float64."""
+        return jc.promote(self.param_dtype, "float32")
+
+
+def flax_momentum(momentum: float) -> float:
+    """Flax's BatchNorm momentum: ``running = momentum * running + (1 - momentum) * batch`` weights the
+    old value, PyTorch's m weights the batch, so the translation is 1 - m: exact in real arithmetic;
+    in float64 ``1 - (1 - m)`` may differ from m by an ulp of 1 (2e-17 for m = 0.1), far below the
+    rounding of the update itself."""
+    return 1.0 - momentum
+
+
+def _eps(spec: Spec) -> dict[str, Any]:
+    """``epsilon=case.eps``, or nothing when the fingerprint asks for Flax's own default."""
+    return {} if spec.eps is None else {"epsilon": spec.eps}
+
+
+def _dtypes(spec: Spec) -> dict[str, Any]:
+    # dtype: the computation's result dtype (y in the activation dtype; statistics are promoted to at
+    # least float32 by Flax); param_dtype: what the parameters are created (and here loaded) in.
+    return {"dtype": jc.jax_dtype(spec.dtype), "param_dtype": jc.jax_dtype(spec.scale_dtype)}
+
+
+# use_fast_variance is deliberately not passed: Flax's default (True) is what its users run.
+def layer_norm_module(spec: Spec) -> nn.Module:
+    return nn.LayerNorm(
+        **_eps(spec),
+        **_dtypes(spec),
+        use_bias=spec.bias,
+        use_scale=spec.weight,
+        reduction_axes=spec.axes,
+        feature_axes=spec.axes,
+    )
+
+
+def rms_norm_module(spec: Spec) -> nn.Module:
+    return nn.RMSNorm(
+        **_eps(spec), **_dtypes(spec), use_scale=spec.weight, reduction_axes=spec.axes, feature_axes=spec.axes
+    )
+
+
+def batch_norm_module(spec: Spec) -> nn.Module:
+    assert spec.momentum is not None, "the backend translates every BatchNorm momentum"
+    return nn.BatchNorm(
+        use_running_average=not spec.training,
+        axis=1,  # the case's channel axis (NCHW-like); Flax's default is the last axis
+        momentum=spec.momentum,
+        **_eps(spec),
+        **_dtypes(spec),
+        use_bias=spec.bias,
+        use_scale=spec.weight,
+    )
+
+
+MODULES: dict[str, Callable[[Spec], nn.Module]] = {
+    "layer_norm": layer_norm_module,
+    "rms_norm": rms_norm_module,
+    "batch_norm": batch_norm_module,
+    "add_rms_norm": rms_norm_module,
+}
+
+Tree = dict[str, Any]
+Forward = Callable[[Tree, Tree, jax.Array, Any], tuple[jax.Array, Tree]]
+
+
+def forward_fn(spec: Spec, module: nn.Module) -> Forward:
+    """(params, batch_stats, x, residual) -> (y, extra outputs), the way a Flax user applies the module."""
+
+    def forward(params: Tree, stats: Tree, x: jax.Array, residual: Any) -> tuple[jax.Array, Tree]:
+        extra: Tree = {}
+        if residual is not None:
+            # add_rms_norm composed: x + residual in the activation dtype, then linen.RMSNorm.
+            x = x + residual
+            extra["residual_out"] = x
+        variables = {"params": params, **({"batch_stats": stats} if stats else {})}
+        if not spec.training:
+            plain: Any = module.apply(variables, x)
+            return plain, extra
+        applied: Any = module.apply(variables, x, mutable=["batch_stats"])
+        y, updated = applied
+        extra["running_mean"] = updated["batch_stats"]["mean"]
+        extra["running_var"] = updated["batch_stats"]["var"]
+        return y, extra
+
+    return forward
+
+
+def step_fn(spec: Spec) -> Callable[..., Tree]:
+    """The function jax.jit compiles: the forward, and with dy the vjp wrt x and the params."""
+    forward = forward_fn(spec, MODULES[spec.op](spec))
+
+    def step(params: Tree, stats: Tree, x: jax.Array, residual: Any, dy: Any) -> Tree:
+        if dy is None:
+            y, extra = forward(params, stats, x, residual)
+            return {"y": y, **extra}
+
+        def differentiated(x: jax.Array, params: Tree) -> tuple[jax.Array, Tree]:
+            return forward(params, stats, x, residual)
+
+        y, vjp, extra = jax.vjp(differentiated, x, params, has_aux=True)
+        dx, dparams = vjp(dy)
+        grads = {"dx": dx}
+        if "scale" in dparams:
+            grads["dweight"] = dparams["scale"]
+        if "bias" in dparams:
+            grads["dbias"] = dparams["bias"]
+        return {"y": y, **extra, **grads}
+
+    return step
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled executable and how long tracing, lowering and compiling it took."""
+
+    executable: Any
+    compile_s: float
+
+
+class _Cache:
+    """Compiled executables by Spec, least recently used dropped past CACHE_SIZE."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[Spec, Compiled] = OrderedDict()
+
+    def get(self, spec: Spec, args: tuple[Any, ...]) -> tuple[Compiled, bool]:
+        hit = spec in self._entries
+        if hit:
+            self._entries.move_to_end(spec)
+        else:
+            start = time.perf_counter()
+            executable = jax.jit(step_fn(spec)).lower(*args).compile()
+            self._entries[spec] = Compiled(executable, time.perf_counter() - start)
+            if len(self._entries) > CACHE_SIZE:
+                self._entries.popitem(last=False)
+        return self._entries[spec], hit
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A case's inputs on the device, as the compiled step takes them."""
+
+    params: Tree
+    stats: Tree
+    x: jax.Array
+    residual: jax.Array | None
+    dy: jax.Array | None
+
+    def args(self) -> tuple[Any, ...]:
+        return (self.params, self.stats, self.x, self.residual, self.dy)
+
+
+def scale_dtype(case: Case, inputs: Inputs) -> str:
+    """The scale's dtype: the parameter dtype, or offset_scale's exact (wider) dtype under an offset."""
+    if not case.weight_offset:
+        return case.weight_dtype
+    return str(offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype).dtype)
+
+
+def load(case: Case, spec: Spec, inputs: Inputs) -> Loaded:
+    """Copy the inputs to the device under Flax's variable names (params: scale, bias; batch_stats)."""
+    params: Tree = {}
+    if case.weight:
+        weight = inputs["weight"]
+        if case.weight_offset:
+            # linen.RMSNorm has no offset: the scale offset + w, held exactly (see offset_scale).
+            weight = offset_scale(weight, case.weight_offset, case.weight_dtype)
+        params["scale"] = jc.to_jax(weight, spec.scale_dtype)
+    if case.bias:
+        params["bias"] = jc.to_jax(inputs["bias"])
+    stats: Tree = {}
+    if case.op == "batch_norm":
+        # Exact upcasts: the case's running statistics in the dtype Flax keeps batch_stats in.
+        stats = {
+            "mean": jc.to_jax(inputs["running_mean"], spec.stats_dtype),
+            "var": jc.to_jax(inputs["running_var"], spec.stats_dtype),
+        }
+    residual = jc.to_jax(inputs["residual"]) if "residual" in inputs else None
+    dy = jc.to_jax(inputs["dy"]) if spec.grad else None
+    return Loaded(params, stats, jc.to_jax(inputs["x"]), residual, dy)
+
+
+class FlaxPrepared:
+    """One case compiled; each call runs the executable on the prepared arrays (JAX arrays are immutable,
+    so every call starts from the prepared running statistics and parameters)."""
+
+    def __init__(self, compiled: Compiled, loaded: Loaded, spec: Spec, info: Mapping[str, Any]) -> None:
+        self._executable = compiled.executable
+        self._args = loaded.args()
+        self._spec = spec
+        self._info = dict(info)
+        self._results: Tree = {}
+
+    def __call__(self) -> None:
+        self._results = jc.block(self._executable(*self._args))
+
+    def synchronize(self) -> None:
+        jc.block(self._results)
+
+    def outputs(self) -> Outputs:
+        if not self._results:
+            raise RuntimeError("outputs() was asked for before the first call of the prepared case")
+        # A translated (wider) scale's gradient is reported in the parameter dtype, as dweight of a
+        # parameter of that dtype would be.
+        casts = {"dweight": self._spec.param_dtype}
+        return {name: jc.to_numpy(value, casts.get(name)) for name, value in self._results.items()}
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+
+class FlaxLinen:
+    """flax.linen normalization modules, jitted, on JAX's default device."""
+
+    name = "flax"
+
+    def __init__(self) -> None:
+        self._cache = _Cache()
+
+    def capabilities(self) -> Capabilities:
+        jc.enable_x64()
+        return Capabilities(
+            ops=OPS,
+            dtypes=frozenset(DTYPES),
+            features=frozenset(FEATURES) - {"momentum_none"},
+            device=jc.device_type(),
+            device_name=jc.device_name(),
+            notes={"flax": flax.__version__, **jc.versions(), **NOTES},
+        )
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
+        return self._prepare(case, inputs, grad=grad, default_eps=False)
+
+    def prepare_default_eps(self, case: Case, inputs: Inputs) -> Prepared:
+        """The fingerprint's hook: the module built without epsilon (Flax's own default)."""
+        return self._prepare(case, inputs, grad=False, default_eps=True)
+
+    def epsilon(self, case: Case, default_eps: bool) -> float | None:
+        """Flax's epsilon: the case's, passed explicitly; None (Flax's default) only for the hook."""
+        return None if default_eps else case.eps
+
+    def flax_momentum(self, case: Case) -> float | None:
+        """Flax's BatchNorm momentum for the case (None for other ops); see flax_momentum()."""
+        if case.op != "batch_norm":
+            return None
+        if case.momentum is None:
+            raise Unsupported("momentum=None (cumulative average) has no Flax BatchNorm equivalent")
+        # In eval mode momentum is unused; the case's (0.1) is translated all the same.
+        return flax_momentum(case.momentum)
+
+    def _prepare(self, case: Case, inputs: Inputs, *, grad: bool, default_eps: bool) -> FlaxPrepared:
+        jc.enable_x64()
+        eps, momentum = self.epsilon(case, default_eps), self.flax_momentum(case)
+        spec = Spec.of(case, scale_dtype(case, inputs), grad=grad, eps=eps, momentum=momentum)
+        loaded = load(case, spec, inputs)
+        compiled, hit = self._cache.get(spec, loaded.args())
+        module = MODULES[spec.op](spec)
+        info: dict[str, Any] = {
+            "compile_s": 0.0 if hit else compiled.compile_s,
+            "cached": hit,
+            "use_fast_variance": bool(getattr(module, "use_fast_variance", False)),
+            "epsilon": float(module.epsilon),
+            "dtype": spec.dtype,
+            "param_dtype": spec.scale_dtype,
+        }
+        if case.op == "batch_norm":
+            info["flax_momentum"] = float(module.momentum)
+            info["batch_stats_dtype"] = spec.stats_dtype
+        return FlaxPrepared(compiled, loaded, spec, info)
+
+
+def default_eps(op: str) -> float:
+    """Flax's own default epsilon of the op's module, read from the module class."""
+    module = {"layer_norm": nn.LayerNorm, "rms_norm": nn.RMSNorm, "batch_norm": nn.BatchNorm}
+    cls = module["rms_norm" if op == "add_rms_norm" else op]
+    (epsilon,) = (f for f in dataclasses.fields(cls) if f.name == "epsilon")
+    return float(epsilon.default)  # type: ignore[arg-type]

@@ -1,0 +1,240 @@
+"""keras (Keras 3 on torch) and keras-jax (the same layers on Keras' JAX backend): keras.layers
+LayerNormalization, RMSNormalization and BatchNormalization under a dtype policy matching the case.
+
+Keras picks its backend once per process; the adapter of this process's backend runs in process, the
+other in a persistent child process (backends/_keras_child.py). The translation (backends/_keras_plan.py)
+is computed here either way: momentum 1 - m, the channel axis, the trailing axes, center/scale, the
+dtype policy, Gemma's offset.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import weakref
+from collections.abc import Mapping
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+
+from backends import _keras_plan
+from backends._keras_child import Handle, Worker
+from backends._keras_plan import Plan
+from conformance.adapter.backend import (
+    FEATURES,
+    BackendUnavailable,
+    Capabilities,
+    Inputs,
+    Outputs,
+    Prepared,
+)
+from conformance.model.case import Case
+from conformance.model.dtypes import DTYPES
+
+OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"})
+# The extra that installs each library an adapter needs.
+_EXTRAS = {"keras": "keras", "torch": "keras", "jax": "flax"}
+NOTES: dict[str, str] = {
+    "momentum": "translated: Keras keeps momentum of the old moving value, so it gets 1 - m",
+    "momentum_none": "not declared: Keras' BatchNormalization has no cumulative average, one fixed momentum",
+    "running_var": "Keras updates moving_variance with the biased batch variance (PyTorch: unbiased); no"
+    " exact translation (the same momentum also weights the mean), so training running_var deviates",
+    "param_dtype": "a DTypePolicy: compute dtype = activations, variable dtype = parameters; only"
+    " mixed_float16 / mixed_bfloat16 pair two dtypes (others: Unsupported). On the torch backend"
+    " RMSNormalization's float32 scale is autocast to the half compute dtype (dweight rounded to it, a"
+    " known deviation); JAX's stateless_call keeps it float32",
+    "weight_offset": "translated (RMSNormalization has no offset): scale = offset + w, only where that is"
+    " exact in the parameter dtype, the dtype Keras holds and applies it in (else Unsupported)",
+    "no_weight": "LN/BN: scale=False; RMSNormalization always has a scale: ones, not differentiated",
+    "multi_axis": "LayerNormalization/RMSNormalization(axis=[-2, -1]); BatchNormalization(axis=1)",
+    "statistics": "in float32 (Keras upcasts half inputs); BatchNormalization's batch variance is one-pass"
+    " E[x^2] - E[x]^2 on the torch backend (keras.ops.moments), two-pass on JAX, where"
+    " ops.batch_normalization folds y = x * inv + (beta - mean * inv); see the fingerprint",
+    "float64": "computed in float32: keras.backend.result_type maps float64 to float32 on the torch and"
+    " JAX backends, so the layers cast float64 inputs down and the results back up (a known deviation)",
+}
+# The benchmarks leave out a backend whose Capabilities.notes["mode"] starts with "interpreted"
+# (conformance/bench/measure.py): its time means nothing there. A call of an out-of-process adapter
+# is a pickled request and reply over a socket around the run, so the same holds; the note says why.
+_CHILD_MODE = (
+    "interpreted-like timing (out of process): {why}, so Keras on {there} runs in a child process"
+    " (KERAS_BACKEND={there}); each call's time includes the inter-process round trip, so the"
+    " benchmarks leave it out (--bench-interpreted times it anyway)"
+)
+
+
+def process_backend(wanted: str) -> str:
+    """The Keras backend of this process, claimed for ``wanted`` while still open.
+
+    Keras 3 fixes its backend when keras is first imported, from KERAS_BACKEND (else
+    ~/.keras/keras.json, else tensorflow, which normconf does not install: the import fails). While
+    keras is not imported and the variable is unset, the first adapter to ask sets it for its own
+    backend, so that adapter runs in this process and only the other one needs a child process.
+    """
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        return str(keras.config.backend())
+    current = os.environ.get("KERAS_BACKEND", "").strip()
+    if current:
+        return current
+    os.environ["KERAS_BACKEND"] = wanted
+    return wanted
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _ops() -> frozenset[str]:
+    """RMSNormalization arrived in Keras 3.9; older Keras runs LayerNorm and BatchNorm only."""
+    major, minor = (int(part) for part in _version("keras").split(".")[:2])
+    return OPS if (major, minor) >= (3, 9) else OPS - {"rms_norm", "add_rms_norm"}
+
+
+def _arrays(inputs: Inputs, grad: bool) -> dict[str, np.ndarray]:
+    """Copies of what the run reads besides the plan's variables (x, residual, dy)."""
+    names = ("x", "residual", "dy") if grad else ("x", "residual")
+    return {name: np.array(inputs[name], copy=True) for name in names if name in inputs}
+
+
+class _ChildPrepared:
+    """A case prepared in the child process; each call is one request and reply over the socket."""
+
+    def __init__(self, worker: Worker, handle: Handle, info: Mapping[str, Any]) -> None:
+        self._worker = worker
+        self._handle = handle
+        self._info = dict(info)
+        weakref.finalize(self, worker.release, handle)
+
+    def __call__(self) -> None:
+        self._worker.request(self._handle, "run")
+
+    def synchronize(self) -> None:
+        pass  # the child synchronizes before it replies to "run"
+
+    def outputs(self) -> Outputs:
+        outputs: Outputs = self._worker.request(self._handle, "outputs")
+        return outputs
+
+    def info(self) -> dict[str, Any]:
+        return {
+            **self._info,
+            "timing": "includes the inter-process round trip (the run happens in a child process)",
+        }
+
+
+class _KerasLayers:
+    """keras.layers on one Keras backend; subclasses name it."""
+
+    name: str
+    keras_backend: str
+    library: str  # the distribution of the backend's library (for availability and versions)
+    # Run in a child process even where this process could run it (the tests of the child path).
+    always_child: bool = False
+
+    def __init__(self) -> None:
+        self._worker: Worker | None = None
+
+    def runs_here(self) -> bool:
+        """Whether this adapter's cases run in this process (else in its child process)."""
+        return not self.always_child and process_backend(self.keras_backend) == self.keras_backend
+
+    def capabilities(self) -> Capabilities:
+        missing = [lib for lib in ("keras", self.library) if importlib.util.find_spec(lib) is None]
+        if missing:
+            extras = ",".join(dict.fromkeys(_EXTRAS[lib] for lib in missing))
+            raise BackendUnavailable(
+                f"needs {' and '.join(missing)}, which is not installed (pip install 'normconf[{extras}]')"
+            )
+        here = self.runs_here()
+        notes = {
+            "keras": _version("keras"),
+            self.library: _version(self.library),
+            "keras_backend": self.keras_backend,
+            "process": "this process" if here else "a child process",
+            **NOTES,
+        }
+        if not here:
+            here_is = f"this process's Keras backend is {process_backend(self.keras_backend)}"
+            why = "always_child is set" if self.always_child else here_is
+            notes["mode"] = _CHILD_MODE.format(why=why, there=self.keras_backend)
+        device, device_name = self.device()
+        return Capabilities(
+            ops=_ops(),
+            dtypes=frozenset(DTYPES),
+            features=frozenset(FEATURES) - {"momentum_none"},
+            device=device,
+            device_name=device_name,
+            notes=notes,
+        )
+
+    def device(self) -> tuple[str, str]:
+        raise NotImplementedError
+
+    def keras_momentum(self, case: Case) -> float | None:
+        """BatchNormalization's Keras momentum (1 - m; see _keras_plan.keras_momentum)."""
+        if case.op != "batch_norm":
+            return None
+        return _keras_plan.keras_momentum(case.momentum)
+
+    def plan(self, case: Case, inputs: Inputs, *, default_eps: bool = False) -> Plan:
+        return _keras_plan.plan(case, inputs, self.keras_momentum(case), default_eps=default_eps)
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
+        return self._prepare(self.plan(case, inputs), _arrays(inputs, grad), grad)
+
+    def prepare_default_eps(self, case: Case, inputs: Inputs) -> Prepared:
+        """The fingerprint's hook: the layer built without epsilon (Keras' own default applies)."""
+        return self._prepare(self.plan(case, inputs, default_eps=True), _arrays(inputs, False), False)
+
+    def close(self) -> None:
+        """End this adapter's child process, if it started one (also done at exit and on collection)."""
+        if self._worker is not None:
+            self._worker.close()
+
+    def _prepare(self, plan: Plan, arrays: Mapping[str, np.ndarray], grad: bool) -> Prepared:
+        if self.runs_here():
+            from backends import _keras_run  # imports keras, on this process's backend
+
+            return _keras_run.runner(plan, arrays, grad)
+        if self._worker is None:
+            self._worker = Worker(self.keras_backend)
+        handle, info = self._worker.prepare(plan, arrays, grad)
+        return _ChildPrepared(self._worker, handle, info)
+
+
+class KerasTorch(_KerasLayers):
+    """Keras 3 on its torch backend (CUDA when torch has it), eager, torch autograd for gradients."""
+
+    name = "keras"
+    keras_backend = "torch"
+    library = "torch"
+
+    def device(self) -> tuple[str, str]:
+        from backends import _torch_common as tc
+
+        dev = tc.device()
+        return dev.type, tc.device_name(dev)
+
+    def copy_kernel(self, nbytes: int) -> Prepared:
+        from backends import _torch_common as tc
+
+        return tc.copy_kernel(nbytes)
+
+
+class KerasJax(_KerasLayers):
+    """Keras 3 on its JAX backend: stateless_call under jax.jit, jax.vjp for gradients."""
+
+    name = "keras-jax"
+    keras_backend = "jax"
+    library = "jax"
+
+    def device(self) -> tuple[str, str]:
+        from backends import _jax_common as jc
+
+        return jc.device_type(), jc.device_name()

@@ -1,0 +1,252 @@
+"""The flax adapter: its translations (momentum 1 - m, eps, axes, dtypes, Gemma offset), the defaults it
+keeps on purpose (use_fast_variance, Flax's own eps), and agreement of small cases with the oracle."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conformance import oracle
+from conformance.adapter.backend import Unsupported
+from conformance.judging import tolerances
+from conformance.judging.verdict import compare_outputs
+from conformance.model.case import Case
+from conformance.model.inputs import make_inputs
+from conformance.model.outputs import produced
+
+pytest.importorskip("flax")
+jc = pytest.importorskip("backends._jax_common")
+flax_linen = pytest.importorskip("backends.flax_linen")
+nn = pytest.importorskip("flax.linen")
+
+BACKEND = flax_linen.FlaxLinen()
+
+
+def _run(case: Case, *, grad: bool, backend=BACKEND):
+    inputs = make_inputs(case, grad=grad)
+    prepared = backend.prepare(case, inputs, grad=grad)
+    prepared()
+    prepared.synchronize()
+    return inputs, prepared, prepared.outputs()
+
+
+def _spec(case: Case, **changes):
+    fields = {"grad": False, "eps": case.eps, "momentum": BACKEND.flax_momentum(case), **changes}
+    return flax_linen.Spec.of(case, case.weight_dtype, **fields)
+
+
+# --- translations --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m", [0.0, 0.1, 0.25, 0.5, 1.0])
+def test_momentum_is_translated_to_one_minus_m(m: float) -> None:
+    case = Case("batch_norm", (4, 3, 5), "float32", 1e-5, training=True, momentum=m)
+    assert BACKEND.flax_momentum(case) == 1.0 - m
+    module = flax_linen.batch_norm_module(_spec(case))
+    assert module.momentum == 1.0 - m
+
+
+def test_running_mean_follows_pytorch_momentum() -> None:
+    """float64: Flax's m_f * r + (1 - m_f) * b with m_f = 1 - m is PyTorch's (1 - m) r + m b."""
+    case = Case("batch_norm", (4, 3, 5), "float64", 1e-5, training=True, momentum=0.25)
+    inputs, prepared, out = _run(case, grad=False)
+    x, r = inputs["x"], inputs["running_mean"]
+    expected = 0.75 * r + 0.25 * x.mean(axis=(0, 2))
+    np.testing.assert_allclose(out["running_mean"], expected, rtol=1e-14, atol=0)
+    assert prepared.info()["flax_momentum"] == 0.75
+
+
+def test_running_var_is_flax_biased_update() -> None:
+    """The documented deviation: Flax blends in the biased batch variance, PyTorch the unbiased one."""
+    case = Case("batch_norm", (4, 3, 5), "float64", 1e-5, training=True, momentum=0.5)
+    inputs, _, out = _run(case, grad=False)
+    x, r = inputs["x"], inputs["running_var"]
+    biased, unbiased = x.var(axis=(0, 2)), x.var(axis=(0, 2), ddof=1)
+    np.testing.assert_allclose(out["running_var"], 0.5 * r + 0.5 * biased, rtol=1e-12)
+    assert not np.allclose(out["running_var"], 0.5 * r + 0.5 * unbiased, rtol=1e-3)
+
+
+def test_momentum_none_is_unsupported_and_undeclared() -> None:
+    case = Case("batch_norm", (4, 3, 5), "float32", 1e-5, training=True, momentum=None)
+    assert "momentum_none" not in BACKEND.capabilities().features
+    with pytest.raises(Unsupported, match="cumulative"):
+        BACKEND.prepare(case, make_inputs(case, grad=False), grad=False)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "batch_norm", "add_rms_norm"])
+def test_eps_is_passed_explicitly(op: str) -> None:
+    case = Case(op, (6, 3, 4) if op == "batch_norm" else (4, 24), "float32", 3e-4)
+    module = flax_linen.MODULES[op](_spec(case))
+    assert module.epsilon == 3e-4
+    _, prepared, _ = _run(case, grad=False)
+    assert prepared.info()["epsilon"] == 3e-4
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "batch_norm", "add_rms_norm"])
+def test_default_eps_hook_leaves_flax_default(op: str) -> None:
+    """The hook builds the module without epsilon; Flax's defaults are read from its classes."""
+    cls = {"layer_norm": nn.LayerNorm, "rms_norm": nn.RMSNorm, "add_rms_norm": nn.RMSNorm}.get(
+        op, nn.BatchNorm
+    )
+    assert flax_linen.default_eps(op) == cls().epsilon
+    case = Case(op, (6, 3, 4) if op == "batch_norm" else (4, 24), "float32", 3e-4)
+    prepared = BACKEND.prepare_default_eps(case, make_inputs(case, grad=False))
+    assert prepared.info()["epsilon"] == flax_linen.default_eps(op)
+
+
+def test_flax_default_eps_values() -> None:
+    # The fingerprint's default-eps answers for Flax 0.12: LayerNorm and RMSNorm 1e-6, BatchNorm 1e-5.
+    assert flax_linen.default_eps("layer_norm") == 1e-6
+    assert flax_linen.default_eps("rms_norm") == 1e-6
+    assert flax_linen.default_eps("batch_norm") == 1e-5
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_multi_axis_reduces_and_scales_over_trailing_dims(op: str) -> None:
+    case = Case(op, (2, 3, 4), "float32", 1e-5, norm_ndim=2)
+    module = flax_linen.MODULES[op](_spec(case))
+    assert tuple(module.reduction_axes) == (-2, -1) == tuple(module.feature_axes)
+
+
+def test_batch_norm_channel_axis_is_one() -> None:
+    for training in (False, True):
+        case = Case("batch_norm", (4, 3, 5), "float32", 1e-5, training=training)
+        module = flax_linen.batch_norm_module(_spec(case))
+        assert module.axis == 1 and module.use_running_average is (not training)
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype", "param_dtype"),
+    [
+        (Case("layer_norm", (4, 24), "bfloat16", 1e-5, param_dtype="float32"), "bfloat16", "float32"),
+        (Case("rms_norm", (4, 24), "float16", 1e-5), "float16", "float16"),
+        (Case("rms_norm", (4, 24), "float32", 1e-5, param_dtype="bfloat16"), "float32", "bfloat16"),
+        (Case("batch_norm", (4, 3, 5), "bfloat16", 1e-5, training=True), "bfloat16", "bfloat16"),
+    ],
+)
+def test_dtype_is_the_activation_dtype_and_param_dtype_the_parameters(case, dtype, param_dtype) -> None:
+    module = flax_linen.MODULES[case.op](_spec(case))
+    assert np.dtype(module.dtype) == jc.jax_dtype(dtype)
+    assert np.dtype(module.param_dtype) == jc.jax_dtype(param_dtype)
+    _, _, out = _run(case, grad=True)
+    assert out["y"].dtype == jc.jax_dtype(dtype) and out["dx"].dtype == jc.jax_dtype(dtype)
+    assert out["dweight"].dtype == jc.jax_dtype(param_dtype)
+
+
+def test_batch_stats_are_held_in_float32_for_half_parameters() -> None:
+    case = Case("batch_norm", (4, 3, 5), "bfloat16", 1e-5, training=True)
+    _, prepared, out = _run(case, grad=False)
+    assert prepared.info()["batch_stats_dtype"] == "float32"
+    assert out["running_mean"].dtype == np.float32
+
+
+def test_gemma_offset_is_a_wider_scale_and_dweight_keeps_the_parameter_dtype() -> None:
+    case = Case("rms_norm", (4, 64), "bfloat16", 1e-6, weight_offset=1.0)
+    inputs, prepared, out = _run(case, grad=True)
+    assert prepared.info()["param_dtype"] == "float32"
+    assert out["dweight"].dtype == ml_dtypes.bfloat16
+    assert flax_linen.scale_dtype(case, inputs) == "float32"
+
+
+def test_use_fast_variance_is_flax_default() -> None:
+    """Kept on purpose: users run Flax with its default one-pass variance."""
+    default = {f.name: f.default for f in dataclasses.fields(nn.LayerNorm)}["use_fast_variance"]
+    case = Case("layer_norm", (4, 24), "float32", 1e-5)
+    module = flax_linen.layer_norm_module(_spec(case))
+    assert module.use_fast_variance is default is True
+    _, prepared, _ = _run(case, grad=False)
+    assert prepared.info()["use_fast_variance"] is True
+
+
+def test_float64_runs_in_float64() -> None:
+    """x64 mode is on: float64 outputs, and float64 accuracy (float32 would be ~1e-7 off)."""
+    case = Case("layer_norm", (4, 24), "float64", 1e-5)
+    inputs, _, out = _run(case, grad=False)
+    assert out["y"].dtype == np.float64
+    expected = oracle.evaluate(case, inputs, grad=False)["y"]
+    assert np.max(np.abs(out["y"] - expected)) < 1e-13
+
+
+# --- the contract ---------------------------------------------------------------------------------
+
+
+def test_capabilities() -> None:
+    caps = BACKEND.capabilities()
+    assert caps.ops == {"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"}
+    assert caps.dtypes == {"float64", "float32", "float16", "bfloat16"}
+    assert {"backward", "training", "weight_offset", "no_weight", "no_bias", "multi_axis"} <= caps.features
+    assert caps.notes["flax"] and caps.notes["jax"] and "use_fast_variance" in caps.notes
+
+
+def test_compile_is_in_prepare_and_cached() -> None:
+    backend = flax_linen.FlaxLinen()
+    case = Case("rms_norm", (3, 16), "float32", 1e-5)
+    _, first, _ = _run(case, grad=True, backend=backend)
+    _, second, _ = _run(case, grad=True, backend=backend)
+    assert first.info()["compile_s"] > 0 and not first.info()["cached"]
+    assert second.info()["compile_s"] == 0.0 and second.info()["cached"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("batch_norm", (4, 3, 5), "float32", 1e-5, training=True),
+        Case("add_rms_norm", (4, 24), "bfloat16", 1e-5),
+    ],
+)
+def test_repeated_calls_same_bits_inputs_untouched(case: Case) -> None:
+    inputs = make_inputs(case, grad=True)
+    pristine = {k: v.copy() for k, v in inputs.items()}
+    prepared = BACKEND.prepare(case, inputs, grad=True)
+    prepared()
+    first = prepared.outputs()
+    prepared()
+    second = prepared.outputs()
+    assert set(first) == set(produced(case, True))
+    for name in first:
+        assert first[name].tobytes() == second[name].tobytes(), name
+    for name, value in inputs.items():
+        assert value.tobytes() == pristine[name].tobytes(), name
+
+
+def test_outputs_before_call_is_an_error() -> None:
+    case = Case("layer_norm", (4, 24), "float32", 1e-5)
+    prepared = BACKEND.prepare(case, make_inputs(case, grad=False), grad=False)
+    with pytest.raises(RuntimeError, match="before the first call"):
+        prepared.outputs()
+
+
+def test_bfloat16_round_trip_is_bit_exact_and_copies() -> None:
+    host = (np.arange(12, dtype=np.float32) / 7).astype(ml_dtypes.bfloat16)
+    device = jc.to_jax(host)
+    back = jc.to_numpy(device)
+    assert back.dtype == ml_dtypes.bfloat16 and back.tobytes() == host.tobytes()
+    back[0] = 5
+    assert host[0] == 0
+
+
+# --- agreement with the oracle through the suite's tolerance matrix -------------------------------
+
+AGREE = [
+    Case("layer_norm", (8, 40), "float32", 1e-5),
+    Case("layer_norm", (3, 4, 10), "float32", 1e-5, norm_ndim=2, weight=False),
+    Case("layer_norm", (8, 40), "bfloat16", 1e-5, param_dtype="float32"),
+    Case("rms_norm", (8, 40), "float16", 1e-6),
+    Case("rms_norm", (8, 40), "bfloat16", 1e-6, weight_offset=1.0),
+    Case("add_rms_norm", (8, 40), "float32", 1e-6),
+    Case("batch_norm", (6, 3, 5), "float32", 1e-5),
+    Case("batch_norm", (6, 3, 5), "float64", 1e-5, training=True, bias=False),
+]
+
+
+@pytest.mark.parametrize("case", AGREE, ids=lambda c: c.id)
+def test_agrees_with_the_oracle(case: Case) -> None:
+    inputs, _, out = _run(case, grad=True)
+    expected = oracle.evaluate(case, inputs, grad=True)
+    names = tuple(n for n in produced(case, True) if n != "running_var")
+    comparisons = compare_outputs(case, inputs, expected, out, names, tolerances.load())
+    failing = [(c.output, c.worst_ratio) for c in comparisons if not c.passed]
+    assert not failing, failing
