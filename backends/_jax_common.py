@@ -4,6 +4,10 @@ copies (bfloat16 through ml_dtypes, which JAX uses natively), the device and its
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
@@ -91,3 +95,32 @@ def promote(*dtypes: str) -> str:
     for name in dtypes[1:]:
         result = jnp.promote_types(result, jax_dtype(name))
     return str(np.dtype(result).name)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled XLA executable and how long tracing, lowering and compiling it took."""
+
+    executable: Any
+    compile_s: float
+
+
+class Executables:
+    """Compiled executables by key (everything the compiled function depends on besides values),
+    least recently used dropped past ``size``: cases that differ only in values share one."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[Hashable, Compiled] = OrderedDict()
+
+    def get(self, key: Hashable, compile: Callable[[], Any]) -> tuple[Compiled, bool]:
+        """(the executable for ``key``, whether it was cached); ``compile`` runs, timed, on a miss."""
+        hit = key in self._entries
+        if hit:
+            self._entries.move_to_end(key)
+        else:
+            start = time.perf_counter()
+            self._entries[key] = Compiled(compile(), time.perf_counter() - start)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return self._entries[key], hit

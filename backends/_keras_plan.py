@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backends._translate import offset_scale
+from backends._translate import offset_scale, old_value_momentum
 from conformance.adapter.backend import Inputs, Unsupported
 from conformance.model.case import Case
 from conformance.model.dtypes import round_to
@@ -82,13 +82,8 @@ def policy_name(case: Case) -> str:
 
 
 def keras_momentum(momentum: float | None) -> float:
-    """Keras' BatchNormalization momentum for the contract's (PyTorch's) momentum ``m``.
-
-    Keras keeps ``momentum`` of the OLD value (moving = momentum * moving + (1 - momentum) * batch);
-    PyTorch blends in ``m`` of the new batch statistic ((1 - m) * running + m * batch): the same
-    update with Keras' momentum = 1 - m. Exact up to the float64 rounding of 1 - m (Keras forms
-    1 - momentum again, which gives back m to within 1 ulp of float64).
-    """
+    """Keras' BatchNormalization momentum for the contract's (PyTorch's) momentum ``m``: Keras keeps
+    ``momentum`` of the OLD value, so it is 1 - m (see old_value_momentum)."""
     if momentum is None:
         # PyTorch's cumulative average (1 / batches seen) has no Keras spelling: Keras' momentum is
         # one fixed float. (A single step from a fresh counter equals momentum 0, but claiming that
@@ -96,7 +91,7 @@ def keras_momentum(momentum: float | None) -> float:
         raise Unsupported(
             "momentum=None (cumulative average): Keras' BatchNormalization has only a fixed momentum"
         )
-    return 1.0 - momentum
+    return old_value_momentum(momentum)
 
 
 def axis(case: Case) -> int | list[int]:

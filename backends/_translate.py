@@ -23,3 +23,10 @@ def offset_scale(weight: np.ndarray, offset: float, param_dtype: str) -> np.ndar
     if np.array_equal(held.astype(np.float64), scale):
         return held
     return scale
+
+
+def old_value_momentum(momentum: float) -> float:
+    """The momentum of a library that weights the OLD running value (ONNX, Flax, Keras:
+    ``running = k * running + (1 - k) * batch``) for PyTorch's ``m`` (``(1 - m) * running + m * batch``):
+    k = 1 - m. Exact in real arithmetic; the library's own 1 - k gives back m to within an ulp of 1."""
+    return 1.0 - momentum

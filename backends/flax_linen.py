@@ -10,8 +10,6 @@ Flax's 1 - m, Gemma's offset becomes the scale ``offset + w``. Flax's defaults a
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +17,10 @@ from typing import Any
 import flax
 import flax.linen as nn
 import jax
+import numpy as np
 
 from backends import _jax_common as jc
-from backends._translate import offset_scale
+from backends._translate import offset_scale, old_value_momentum
 from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Outputs, Prepared, Unsupported
 from conformance.model.case import Case
 from conformance.model.dtypes import DTYPES
@@ -97,14 +96,6 @@ class Spec:
     def stats_dtype(self) -> str:
         """Flax creates batch_stats in float32 (force_float32_reductions); float64 parameters keep float64."""
         return jc.promote(self.param_dtype, "float32")
-
-
-def flax_momentum(momentum: float) -> float:
-    """Flax's BatchNorm momentum: ``running = momentum * running + (1 - momentum) * batch`` weights the
-    old value, PyTorch's m weights the batch, so the translation is 1 - m: exact in real arithmetic;
-    in float64 ``1 - (1 - m)`` may differ from m by an ulp of 1 (2e-17 for m = 0.1), far below the
-    rounding of the update itself."""
-    return 1.0 - momentum
 
 
 def _eps(spec: Spec) -> dict[str, Any]:
@@ -207,33 +198,6 @@ def step_fn(spec: Spec) -> Callable[..., Tree]:
 
 
 @dataclass(frozen=True)
-class Compiled:
-    """A compiled executable and how long tracing, lowering and compiling it took."""
-
-    executable: Any
-    compile_s: float
-
-
-class _Cache:
-    """Compiled executables by Spec, least recently used dropped past CACHE_SIZE."""
-
-    def __init__(self) -> None:
-        self._entries: OrderedDict[Spec, Compiled] = OrderedDict()
-
-    def get(self, spec: Spec, args: tuple[Any, ...]) -> tuple[Compiled, bool]:
-        hit = spec in self._entries
-        if hit:
-            self._entries.move_to_end(spec)
-        else:
-            start = time.perf_counter()
-            executable = jax.jit(step_fn(spec)).lower(*args).compile()
-            self._entries[spec] = Compiled(executable, time.perf_counter() - start)
-            if len(self._entries) > CACHE_SIZE:
-                self._entries.popitem(last=False)
-        return self._entries[spec], hit
-
-
-@dataclass(frozen=True)
 class Loaded:
     """A case's inputs on the device, as the compiled step takes them."""
 
@@ -247,22 +211,25 @@ class Loaded:
         return (self.params, self.stats, self.x, self.residual, self.dy)
 
 
-def scale_dtype(case: Case, inputs: Inputs) -> str:
+def scale(case: Case, inputs: Inputs) -> np.ndarray | None:
+    """The scale Flax gets: the weight, or under an offset the scale offset + w held exactly (linen.RMSNorm
+    has no offset; see offset_scale), in its exact, possibly wider dtype."""
+    if not case.weight:
+        return None
+    weight = inputs["weight"]
+    return offset_scale(weight, case.weight_offset, case.weight_dtype) if case.weight_offset else weight
+
+
+def scale_dtype(case: Case, scale: np.ndarray | None) -> str:
     """The scale's dtype: the parameter dtype, or offset_scale's exact (wider) dtype under an offset."""
-    if not case.weight_offset:
-        return case.weight_dtype
-    return str(offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype).dtype)
+    return str(scale.dtype) if case.weight_offset and scale is not None else case.weight_dtype
 
 
-def load(case: Case, spec: Spec, inputs: Inputs) -> Loaded:
+def load(case: Case, spec: Spec, inputs: Inputs, scale: np.ndarray | None) -> Loaded:
     """Copy the inputs to the device under Flax's variable names (params: scale, bias; batch_stats)."""
     params: Tree = {}
-    if case.weight:
-        weight = inputs["weight"]
-        if case.weight_offset:
-            # linen.RMSNorm has no offset: the scale offset + w, held exactly (see offset_scale).
-            weight = offset_scale(weight, case.weight_offset, case.weight_dtype)
-        params["scale"] = jc.to_jax(weight, spec.scale_dtype)
+    if scale is not None:
+        params["scale"] = jc.to_jax(scale, spec.scale_dtype)
     if case.bias:
         params["bias"] = jc.to_jax(inputs["bias"])
     stats: Tree = {}
@@ -281,7 +248,7 @@ class FlaxPrepared:
     """One case compiled; each call runs the executable on the prepared arrays (JAX arrays are immutable,
     so every call starts from the prepared running statistics and parameters)."""
 
-    def __init__(self, compiled: Compiled, loaded: Loaded, spec: Spec, info: Mapping[str, Any]) -> None:
+    def __init__(self, compiled: jc.Compiled, loaded: Loaded, spec: Spec, info: Mapping[str, Any]) -> None:
         self._executable = compiled.executable
         self._args = loaded.args()
         self._spec = spec
@@ -312,7 +279,7 @@ class FlaxLinen:
     name = "flax"
 
     def __init__(self) -> None:
-        self._cache = _Cache()
+        self._cache = jc.Executables(CACHE_SIZE)
 
     def capabilities(self) -> Capabilities:
         jc.enable_x64()
@@ -337,20 +304,22 @@ class FlaxLinen:
         return None if default_eps else case.eps
 
     def flax_momentum(self, case: Case) -> float | None:
-        """Flax's BatchNorm momentum for the case (None for other ops); see flax_momentum()."""
+        """Flax's BatchNorm momentum for the case (None for other ops)."""
         if case.op != "batch_norm":
             return None
         if case.momentum is None:
             raise Unsupported("momentum=None (cumulative average) has no Flax BatchNorm equivalent")
         # In eval mode momentum is unused; the case's (0.1) is translated all the same.
-        return flax_momentum(case.momentum)
+        # Flax's BatchNorm weights the old running value: 1 - m (see old_value_momentum).
+        return old_value_momentum(case.momentum)
 
     def _prepare(self, case: Case, inputs: Inputs, *, grad: bool, default_eps: bool) -> FlaxPrepared:
         jc.enable_x64()
         eps, momentum = self.epsilon(case, default_eps), self.flax_momentum(case)
-        spec = Spec.of(case, scale_dtype(case, inputs), grad=grad, eps=eps, momentum=momentum)
-        loaded = load(case, spec, inputs)
-        compiled, hit = self._cache.get(spec, loaded.args())
+        weight = scale(case, inputs)
+        spec = Spec.of(case, scale_dtype(case, weight), grad=grad, eps=eps, momentum=momentum)
+        loaded = load(case, spec, inputs, weight)
+        compiled, hit = self._cache.get(spec, lambda: jax.jit(step_fn(spec)).lower(*loaded.args()).compile())
         module = MODULES[spec.op](spec)
         info: dict[str, Any] = {
             "compile_s": 0.0 if hit else compiled.compile_s,

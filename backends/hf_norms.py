@@ -137,15 +137,16 @@ def _ops(family: Family) -> frozenset[str]:
 
 
 def _features(family: Family) -> frozenset[str]:
-    features = {"backward", "param_dtype", "no_weight", "weight_offset"}
+    features = {"backward", "param_dtype", "no_weight"}
     if family.op == "layer_norm":
         features.add("no_bias")
     if family.multi_axis:
         features.add("multi_axis")
-    if family.op == "rms_norm" and family.offset == 0.0:
-        # Without an offset of its own the class has no way to hold Gemma's 1 + w exactly in its
-        # weight dtype (the cast-before-weight order depends on that dtype), so it is not translated.
-        features.discard("weight_offset")
+    if family.offset:
+        # Only a class with an offset of its own holds Gemma's 1 + w exactly (see _translated): without
+        # one, the cast-before-weight order of the rest depends on the weight's dtype, so no wider
+        # weight can stand in for 1 + w.
+        features.add("weight_offset")
     return frozenset(features)
 
 

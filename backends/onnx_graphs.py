@@ -17,7 +17,7 @@ import onnx
 from onnx import helper
 
 from backends import _ort
-from backends._translate import offset_scale
+from backends._translate import offset_scale, old_value_momentum
 from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Prepared
 from conformance.model.case import Case
 from conformance.model.dtypes import numpy_dtype, stats_dtype
@@ -239,7 +239,7 @@ class OnnxRuntime:
         """The BatchNormalization momentum attribute: ONNX keeps ``momentum`` of the old running value,
         PyTorch blends in ``m`` of the new one, so it is 1 - m (None, the cumulative average, is
         1 / num_batches_tracked = 1 on the first step, hence 0)."""
-        return 1.0 - (1.0 if case.momentum is None else case.momentum)
+        return old_value_momentum(1.0 if case.momentum is None else case.momentum)
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
         compute = scale_dtype(case, inputs)

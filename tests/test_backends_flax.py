@@ -148,7 +148,7 @@ def test_gemma_offset_is_a_wider_scale_and_dweight_keeps_the_parameter_dtype() -
     inputs, prepared, out = _run(case, grad=True)
     assert prepared.info()["param_dtype"] == "float32"
     assert out["dweight"].dtype == ml_dtypes.bfloat16
-    assert flax_linen.scale_dtype(case, inputs) == "float32"
+    assert flax_linen.scale_dtype(case, flax_linen.scale(case, inputs)) == "float32"
 
 
 def test_use_fast_variance_is_flax_default() -> None:
