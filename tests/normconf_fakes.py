@@ -16,11 +16,15 @@ import numpy as np
 import conformance
 from conformance import oracle
 from conformance.adapter.backend import FEATURES, Capabilities
-from conformance.model.case import Case
+from conformance.model.case import GROUP_OPS, OPS, Case
 from conformance.model.dtypes import numpy_dtype, round_to, stats_dtype
+from conformance.model.geometry import geometry
 from conformance.model.outputs import output_dtype, produced
 
 F = np.ndarray
+# The broken variants in this module each target the row and batch ops; GroupNorm/InstanceNorm have
+# their own in normconf_group_fakes. The correct fake and the misbehaving adapters run every op.
+ROW_AND_BATCH_OPS = frozenset(OPS) - GROUP_OPS
 
 
 class Prepared:
@@ -42,10 +46,11 @@ class NumpyFake:
     """Correct reference-semantics implementation computing in float32 (float64 for float64)."""
 
     name = "fake-numpy"
+    ops: frozenset[str] = frozenset(OPS)
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            ops=frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"}),
+            ops=self.ops,
             dtypes=frozenset({"float64", "float32", "float16", "bfloat16"}),
             features=frozenset(FEATURES),
             device="cpu",
@@ -90,6 +95,8 @@ class NumpyFake:
 
     # ------------------------------------------------------------------ the computation
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
+        if case.op in GROUP_OPS:
+            return self._grouped(case, inputs, grad)
         w = self.work(case)
         out: dict[str, F] = {}
         x = inputs["x"].astype(w)
@@ -123,6 +130,41 @@ class NumpyFake:
                 out["dweight"] = (dy * xhat).sum(axis=param_axes).reshape(case.param_shape)
             if case.bias:
                 out["dbias"] = dy.sum(axis=param_axes).reshape(case.param_shape)
+        return self._rounded(case, out)
+
+    def _grouped(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
+        """GroupNorm / InstanceNorm on the view (N, G, C/G, spatial), where a group is the last two axes."""
+        geo, w = geometry(case), self.work(case)
+        x = inputs["x"].astype(w).reshape(geo.shape)
+        names = ("weight", "bias", "running_mean", "running_var")
+        p = {k: inputs[k].astype(w).reshape(geo.param_shape) for k in names if k in inputs}
+        out: dict[str, F] = {}
+        if case.uses_batch_stats:
+            mean, var = self.stats(x, geo.group_axes)
+            if case.training:
+                m = 1.0 if case.momentum is None else case.momentum
+                instances = case.shape[:2]
+                batch_var = self.running_var_batch(var.reshape(instances), geo.shape[3]).mean(axis=0)
+                out["running_mean"] = (1 - m) * inputs["running_mean"].astype(w) + m * mean.reshape(
+                    instances
+                ).mean(axis=0)
+                out["running_var"] = (1 - m) * inputs["running_var"].astype(w) + m * batch_var
+        else:
+            mean, var = p["running_mean"], p["running_var"]
+        rstd = self.rstd(var, case.eps)
+        xhat = (x - mean) * rstd
+        scale = p["weight"] if case.weight else np.ones((), w)
+        y = xhat * scale
+        out["y"] = (self.add_bias(y, p["bias"]) if case.bias else y).reshape(case.shape)
+        if grad:
+            dy = inputs["dy"].astype(w).reshape(geo.shape)
+            g = dy * scale
+            dx = self.ln_dx(g, xhat, rstd, geo.group_axes) if case.uses_batch_stats else g * rstd
+            out["dx"] = dx.reshape(case.shape)
+            if case.weight:
+                out["dweight"] = (dy * xhat).sum(axis=geo.reduce_axes).reshape(-1)
+            if case.bias:
+                out["dbias"] = dy.sum(axis=geo.reduce_axes).reshape(-1)
         return self._rounded(case, out)
 
     def _params(self, case: Case, inputs: dict[str, F], ndim: int, w: Any) -> dict[str, F]:
@@ -167,6 +209,7 @@ class EpsOutsideSqrt(NumpyFake):
     """The seed document's RMSNorm writing: x / (sigma + eps)."""
 
     name = "fake-eps-outside-sqrt"
+    ops = ROW_AND_BATCH_OPS
 
     def rstd(self, var: F, eps: float) -> F:
         return 1.0 / (np.sqrt(var) + np.asarray(eps, var.dtype))
@@ -175,6 +218,7 @@ class EpsOutsideSqrt(NumpyFake):
 @conformance.register("fake-unbiased-variance")
 class UnbiasedVariance(NumpyFake):
     name = "fake-unbiased-variance"
+    ops = ROW_AND_BATCH_OPS
 
     def stats(self, x: F, axes: tuple[int, ...]) -> tuple[F, F]:
         mean, var = super().stats(x, axes)
@@ -185,6 +229,7 @@ class UnbiasedVariance(NumpyFake):
 @conformance.register("fake-one-pass-variance")
 class OnePassVariance(NumpyFake):
     name = "fake-one-pass-variance"
+    ops = ROW_AND_BATCH_OPS
 
     def stats(self, x: F, axes: tuple[int, ...]) -> tuple[F, F]:
         mean = x.mean(axis=axes, keepdims=True)
@@ -196,6 +241,7 @@ class LowPrecisionStats(NumpyFake):
     """Statistics (and everything else) in the activation dtype, as a naive half kernel does."""
 
     name = "fake-low-precision-stats"
+    ops = ROW_AND_BATCH_OPS
 
     def work(self, case: Case) -> Any:
         return numpy_dtype(case.dtype)
@@ -204,6 +250,7 @@ class LowPrecisionStats(NumpyFake):
 @conformance.register("fake-ln-dx-no-mean-terms")
 class LayerNormDxNoMeanTerms(NumpyFake):
     name = "fake-ln-dx-no-mean-terms"
+    ops = ROW_AND_BATCH_OPS
 
     def ln_dx(self, g: F, xhat: F, rstd: F, axes: tuple[int, ...]) -> F:
         return rstd * g
@@ -212,6 +259,7 @@ class LayerNormDxNoMeanTerms(NumpyFake):
 @conformance.register("fake-bn-biased-running-var")
 class BatchNormBiasedRunningVar(NumpyFake):
     name = "fake-bn-biased-running-var"
+    ops = ROW_AND_BATCH_OPS
 
     def running_var_batch(self, var: F, count: int) -> F:
         return var
@@ -220,6 +268,7 @@ class BatchNormBiasedRunningVar(NumpyFake):
 @conformance.register("fake-bias-ignored")
 class BiasIgnored(NumpyFake):
     name = "fake-bias-ignored"
+    ops = ROW_AND_BATCH_OPS
 
     def add_bias(self, y: F, b: F) -> F:
         return y
@@ -230,6 +279,7 @@ class WrongAxes(NumpyFake):
     """Normalizes only the last dim whatever norm_ndim says (BN: over the batch axis only)."""
 
     name = "fake-wrong-axes"
+    ops = ROW_AND_BATCH_OPS
 
     def axes(self, case: Case, x: F) -> tuple[int, ...]:
         return (0,) if case.op == "batch_norm" else (x.ndim - 1,)
@@ -242,6 +292,7 @@ class DegenerateParamGrads(NumpyFake):
     value where it fears 0/0; every other row, and every other output, is correct."""
 
     name = "fake-degenerate-param-grads"
+    ops = ROW_AND_BATCH_OPS
     guard = 2.0**-12
 
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
@@ -300,12 +351,14 @@ class _ExactThenDirected(NumpyFake):
 @conformance.register("fake-truncated-half")
 class TruncatedHalf(_ExactThenDirected):
     name = "fake-truncated-half"
+    ops = ROW_AND_BATCH_OPS
     mode = "zero"
 
 
 @conformance.register("fake-rounds-up")
 class RoundsUp(_ExactThenDirected):
     name = "fake-rounds-up"
+    ops = ROW_AND_BATCH_OPS
     mode = "up"
 
 
@@ -315,6 +368,7 @@ class TruncatedResidual(NumpyFake):
     that drops bits does); y normalizes the correctly rounded sum."""
 
     name = "fake-truncated-residual"
+    ops = ROW_AND_BATCH_OPS
 
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
         out = super().compute(case, inputs, grad)
@@ -329,6 +383,7 @@ class NonfiniteRowsZeroed(NumpyFake):
     """Rows (channels) holding a NaN or an Inf come out as zeros, and add nothing to dweight/dbias."""
 
     name = "fake-nonfinite-rows-zeroed"
+    ops = ROW_AND_BATCH_OPS
 
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
         x = inputs["x"]
@@ -353,6 +408,7 @@ class NanDroppingClamp(NumpyFake):
     becomes a variance of 0 and the rest of the row comes out finite."""
 
     name = "fake-nan-dropping-clamp"
+    ops = ROW_AND_BATCH_OPS
 
     def stats(self, x: F, axes: tuple[int, ...]) -> tuple[F, F]:
         wide = x.astype(np.float64)
@@ -369,6 +425,7 @@ class MutatesInputs(NumpyFake):
     """Centres x in place, as an in-place kernel writing through a shared buffer would."""
 
     name = "fake-mutates-inputs"
+    ops = ROW_AND_BATCH_OPS
 
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
         out = super().compute(case, inputs, grad)
@@ -381,6 +438,7 @@ class Nondeterministic(NumpyFake):
     """Perturbs the last bit on every other call, like a racing atomic reduction."""
 
     name = "fake-nondeterministic"
+    ops = ROW_AND_BATCH_OPS
     calls = 0
 
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:

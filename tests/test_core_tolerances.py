@@ -128,7 +128,7 @@ def test_no_matching_rule_names_the_query(tmp_path):
             ["unknown field(s) ['backend']"],
         ),
         (rule(dtype="float8"), 0, ["dtype='float8' is not allowed", "float32"]),
-        (rule(output="y") + rule(op="group_norm"), 1, ["op='group_norm' is not allowed", "layer_norm"]),
+        (rule(output="y") + rule(op="spectral_norm"), 1, ["op='spectral_norm' is not allowed", "layer_norm"]),
         (rule(output="z"), 0, ["output='z' is not allowed", "running_var"]),
         (rule(dist="uniform"), 0, ["dist='uniform' is not allowed", "near_constant"]),
         (rule(output="y", rtol=-1e-3), 0, ["rtol=-0.001 is not allowed", "a finite number >= 0"]),

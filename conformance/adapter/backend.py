@@ -5,13 +5,14 @@ Adapters subclass nothing; they satisfy these Protocols structurally.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from conformance.model.case import FEATURES, Case
+from conformance.model.case import FEATURES, GROUP_OPS, Case
 
 Inputs = Mapping[str, np.ndarray]
 Outputs = Mapping[str, np.ndarray]
@@ -58,7 +59,9 @@ class Capabilities:
         missing = sorted(needed - self.features)
         if missing:
             return f"feature(s) {missing} not declared"
-        row = case.shape[-1] if case.op != "batch_norm" else case.shape[1]
+        row = {"batch_norm": case.shape[1]}.get(case.op, case.shape[-1])
+        if case.op in GROUP_OPS:
+            row = math.prod(case.shape[1:]) // case.groups  # the values one group normalizes
         limit = self.limits.get("max_row")
         if limit is not None and row > limit:
             return f"row length {row} exceeds declared limit max_row={limit}"

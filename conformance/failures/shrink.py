@@ -21,7 +21,7 @@ from conformance.adapter.execute import AdapterError, run_backend
 from conformance.failures import bundle
 from conformance.judging.tolerances import ToleranceTable
 from conformance.judging.verdict import compare_outputs
-from conformance.model.case import Case, CaseError
+from conformance.model.case import GROUP_OPS, Case, CaseError
 from conformance.model.inputs import make_inputs
 from conformance.model.outputs import output_shape, produced
 from conformance.results.records import ComparisonRecord
@@ -77,13 +77,20 @@ def runner(
 
 # ----------------------------------------------------------------------------- shrinking
 def units(case: Case) -> int:
-    """Independent groups that can be dropped: LN/RMS rows, BN channels."""
+    """Independent groups that can be dropped: LN/RMS rows, BN channels, GN/IN samples."""
+    if case.op in GROUP_OPS:
+        return case.shape[0]
     return case.shape[1] if case.op == "batch_norm" else case.rows
 
 
 def take(case: Case, inputs: Arrays, keep: list[int]) -> tuple[Case, Arrays] | None:
     """The case and inputs restricted to groups ``keep`` (leading LN/RMS dims collapse to one)."""
-    if case.op == "batch_norm":
+    if case.op in GROUP_OPS:
+        # Samples are independent (the running statistics' batch average has fewer terms, which
+        # the oracle follows); groups within a sample share parameters and stay.
+        shape = (len(keep), *case.shape[1:])
+        taken = {k: (v[keep] if k in _PER_ROW else v) for k, v in inputs.items()}
+    elif case.op == "batch_norm":
         shape = (case.shape[0], len(keep), *case.shape[2:])
         taken = {k: (np.take(v, keep, axis=1) if k in _PER_ROW else v[keep]) for k, v in inputs.items()}
     else:
@@ -103,6 +110,8 @@ def _worst_unit(attempt: Attempt) -> int | None:
         return None
     worst = max(failing, key=lambda c: c.worst_ratio)
     index, case = worst.worst_index, attempt.case
+    if case.op in GROUP_OPS:
+        return index[0] if len(index) == len(case.shape) else None
     if case.op == "batch_norm":
         return index[1] if len(index) == len(case.shape) else index[0]
     if len(index) != len(case.shape):

@@ -16,20 +16,29 @@ import numpy as np
 
 from conformance.model.case import Case
 from conformance.model.dtypes import stats_dtype, unit_roundoff
+from conformance.model.geometry import Axes, geometry
 from conformance.model.inputs import groups
-from conformance.oracle.batch_norm import per_channel, stat_axes
-from conformance.oracle.layer_norm import Axes, other_axes, trailing_axes
 
 Arrays = Mapping[str, np.ndarray]
 
+# Ops whose computed statistics include a mean that the normalized values subtract.
+MEAN_OPS = frozenset({"layer_norm", "batch_norm", "group_norm", "instance_norm"})
 
-def group_axes(case: Case, ndim: int) -> tuple[Axes, Axes]:
-    """(axes one normalization group spans, axes a parameter gradient sums over)."""
-    if case.op == "batch_norm":
-        axes = stat_axes(ndim)
-        return axes, axes
-    axes = trailing_axes(ndim, case.norm_ndim)
-    return axes, other_axes(ndim, axes)
+
+def group_axes(case: Case) -> tuple[Axes, Axes]:
+    """(axes one normalization group spans, axes a parameter gradient sums over), in ``view``'s shape."""
+    geo = geometry(case)
+    return geo.group_axes, geo.reduce_axes
+
+
+def view(case: Case, values: np.ndarray) -> np.ndarray:
+    """An activation-shaped array as float64 in the geometry view, where groups are plain axes."""
+    return values.astype(np.float64).reshape(geometry(case).shape)
+
+
+def per_param(case: Case, values: np.ndarray) -> np.ndarray:
+    """A parameter-shaped array as float64, reshaped to broadcast against ``view``."""
+    return values.astype(np.float64).reshape(geometry(case).param_shape)
 
 
 def group_size(case: Case) -> int:
@@ -42,70 +51,61 @@ def xhat_bound(case: Case) -> float:
     return float(np.sqrt(group_size(case)))
 
 
-def _param(case: Case, inputs: Arrays, name: str, ndim: int) -> np.ndarray | float:
+def _param(case: Case, inputs: Arrays, name: str) -> np.ndarray | float:
     """A parameter shaped to broadcast against x (0 or 1 where the case has none)."""
     present = case.weight if name == "weight" else bool(case.bias)
     if not present:
         return 1.0 if name == "weight" else 0.0
-    values = inputs[name].astype(np.float64) + (case.weight_offset if name == "weight" else 0.0)
-    return per_channel(values, ndim) if case.op == "batch_norm" else values
+    return per_param(case, inputs[name]) + (case.weight_offset if name == "weight" else 0.0)
 
 
-def _running_rstd(case: Case, inputs: Arrays, ndim: int) -> np.ndarray:
-    rstd: np.ndarray = 1.0 / np.sqrt(inputs["running_var"].astype(np.float64) + case.eps)
-    return per_channel(rstd, ndim)
+def _running_rstd(case: Case, inputs: Arrays) -> np.ndarray:
+    rstd: np.ndarray = 1.0 / np.sqrt(per_param(case, inputs["running_var"]) + case.eps)
+    return rstd
 
 
 def _xhat_magnitude(case: Case, inputs: Arrays) -> np.ndarray | float:
     """|xhat| at most: sqrt(n) with batch statistics, the exact value with running statistics."""
-    if case.op == "batch_norm" and not case.training:
-        x = inputs["x"].astype(np.float64)
-        centred = x - per_channel(inputs["running_mean"].astype(np.float64), x.ndim)
-        magnitude: np.ndarray = np.abs(centred) * _running_rstd(case, inputs, x.ndim)
+    if not case.uses_batch_stats:
+        centred = view(case, inputs["x"]) - per_param(case, inputs["running_mean"])
+        magnitude: np.ndarray = np.abs(centred) * _running_rstd(case, inputs)
         return magnitude
     return xhat_bound(case)
 
 
 def _rstd(case: Case, inputs: Arrays, expected: Arrays) -> np.ndarray:
-    """rstd per group, shaped to broadcast against x."""
-    ndim = inputs["x"].ndim
-    if case.op == "batch_norm":
-        if not case.training:
-            return _running_rstd(case, inputs, ndim)
-        return per_channel(np.asarray(expected["rstd"], dtype=np.float64), ndim)
-    rstd = np.asarray(expected["rstd"], dtype=np.float64)
-    return rstd.reshape(rstd.shape + (1,) * case.norm_ndim)
+    """rstd per group, shaped to broadcast against the view of x."""
+    if not case.uses_batch_stats:
+        return _running_rstd(case, inputs)
+    return np.asarray(expected["rstd"], dtype=np.float64).reshape(geometry(case).stats_shape)
 
 
 def _y(case: Case, inputs: Arrays, expected: Arrays) -> float:
-    ndim = inputs["x"].ndim
-    weight, bias = _param(case, inputs, "weight", ndim), _param(case, inputs, "bias", ndim)
-    return _max(np.abs(weight) * _xhat_magnitude(case, inputs) + np.abs(bias) + np.zeros(inputs["x"].shape))
+    weight, bias = _param(case, inputs, "weight"), _param(case, inputs, "bias")
+    x = view(case, inputs["x"])
+    return _max(np.abs(weight) * _xhat_magnitude(case, inputs) + np.abs(bias) + np.zeros(x.shape))
 
 
 def _dx(case: Case, inputs: Arrays, expected: Arrays) -> float:
     """rstd * (|g| + |mean(g)| + |xhat| * rms(g)): mean(g * xhat) is at most rms(g) * rms(xhat) <= rms(g)."""
-    dy = inputs["dy"].astype(np.float64)
-    g = dy * _param(case, inputs, "weight", dy.ndim)
+    g = view(case, inputs["dy"]) * _param(case, inputs, "weight")
     rstd = _rstd(case, inputs, expected)
-    if case.op == "batch_norm" and not case.training:
+    if not case.uses_batch_stats:
         return _max(np.abs(g) * rstd)
-    axes, _ = group_axes(case, dy.ndim)
-    mean_g = np.abs(g.mean(axis=axes, keepdims=True)) if case.op in ("layer_norm", "batch_norm") else 0.0
+    axes, _ = group_axes(case)
+    mean_g = np.abs(g.mean(axis=axes, keepdims=True)) if case.op in MEAN_OPS else 0.0
     rms_g = np.sqrt(np.square(g).mean(axis=axes, keepdims=True))
     return _max(rstd * (np.abs(g) + mean_g + _xhat_magnitude(case, inputs) * rms_g))
 
 
 def _dweight(case: Case, inputs: Arrays, expected: Arrays) -> float:
-    dy = inputs["dy"].astype(np.float64)
-    _, reduce = group_axes(case, dy.ndim)
-    return _max((np.abs(dy) * _xhat_magnitude(case, inputs)).sum(axis=reduce))
+    _, reduce = group_axes(case)
+    return _max((np.abs(view(case, inputs["dy"])) * _xhat_magnitude(case, inputs)).sum(axis=reduce))
 
 
 def _dbias(case: Case, inputs: Arrays, expected: Arrays) -> float:
-    dy = inputs["dy"].astype(np.float64)
-    _, reduce = group_axes(case, dy.ndim)
-    return _max(np.abs(dy).sum(axis=reduce))
+    _, reduce = group_axes(case)
+    return _max(np.abs(view(case, inputs["dy"])).sum(axis=reduce))
 
 
 def _residual_out(case: Case, inputs: Arrays, expected: Arrays) -> float:
@@ -119,6 +119,11 @@ def _batch(case: Case, inputs: Arrays) -> tuple[np.ndarray, float]:
     return x.reshape(x.shape[0], -1), 1.0 if case.momentum is None else case.momentum
 
 
+def _variance_count(case: Case) -> int:
+    """The count an unbiased running variance divides by count - 1: per channel (BN), per instance (IN)."""
+    return case.param_terms // case.shape[0] if case.op == "instance_norm" else case.param_terms
+
+
 def _running_mean(case: Case, inputs: Arrays, expected: Arrays) -> float:
     """(1 - m) |running_mean| + m max|x|: a computed mean lies within the channel's values."""
     x, m = _batch(case, inputs)
@@ -130,7 +135,7 @@ def _running_var(case: Case, inputs: Arrays, expected: Arrays) -> float:
     x, m = _batch(case, inputs)
     u = unit_roundoff(stats_dtype(case.dtype))
     spread = x.max(axis=1) - x.min(axis=1) + 2.0 * u * np.abs(x).max(axis=1)
-    count = x.shape[1]
+    count = _variance_count(case)
     unbiased = np.square(spread) * count / max(count - 1, 1)
     return _max((1.0 - m) * inputs["running_var"].astype(np.float64) + m * unbiased)
 

@@ -20,15 +20,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from conformance.judging.bounds import group_size, xhat_bound
+from conformance.judging.bounds import MEAN_OPS, group_size, xhat_bound
 from conformance.model.case import Case
 from conformance.model.dtypes import stats_dtype, unit_roundoff
 
 
 def kappa(case: Case, expected: Mapping[str, np.ndarray]) -> float:
     """max |mean| * rstd over groups for ops that subtract a computed mean, else 0."""
-    subtracts_mean = case.op == "layer_norm" or (case.op == "batch_norm" and case.training)
-    if not subtracts_mean:
+    if case.op not in MEAN_OPS or not case.uses_batch_stats:
         return 0.0
     values = np.abs(expected["mean"]) * expected["rstd"]
     return float(np.max(values)) if values.size else 0.0

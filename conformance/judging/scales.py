@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from conformance.judging.bounds import group_axes
+from conformance.judging.bounds import group_axes, per_param, view
 from conformance.model.case import Case
 from conformance.oracle.layer_norm import moments
 
@@ -43,17 +43,14 @@ def _rms_xhat(case: Case, inputs: Arrays, expected: Arrays) -> float:
     """
     rstd = _rstd(case, inputs, expected)
     if "rstd" in expected:
-        x = inputs["x"].astype(np.float64)
+        x = view(case, inputs["x"])
         if case.op == "add_rms_norm":
-            x = np.asarray(expected["residual_out"], dtype=np.float64)
-        if case.op in ("rms_norm", "add_rms_norm"):
-            var = np.square(x).mean(axis=group_axes(case, x.ndim)[0])
-        else:
-            var = moments(x, group_axes(case, x.ndim)[0])[2]
+            x = view(case, np.asarray(expected["residual_out"]))
+        axes = group_axes(case)[0]
+        var = np.square(x).mean(axis=axes) if case.op in ("rms_norm", "add_rms_norm") else moments(x, axes)[2]
         return float(np.sqrt(np.mean(var / (var + case.eps))))
-    mean = inputs["running_mean"].astype(np.float64)
-    shape = (1, -1) + (1,) * (inputs["x"].ndim - 2)
-    return _rms((inputs["x"].astype(np.float64) - mean.reshape(shape)) * rstd.reshape(shape))
+    centred = view(case, inputs["x"]) - per_param(case, inputs["running_mean"])
+    return _rms(centred * per_param(case, rstd))
 
 
 def _weight(case: Case, inputs: Arrays) -> float:
@@ -67,11 +64,11 @@ def _dx(case: Case, inputs: Arrays, expected: Arrays) -> float:
 
 
 def _dweight(case: Case, inputs: Arrays, expected: Arrays) -> float:
-    return float(np.sqrt(case.rows)) * _rms(inputs["dy"]) * _rms_xhat(case, inputs, expected)
+    return float(np.sqrt(case.param_terms)) * _rms(inputs["dy"]) * _rms_xhat(case, inputs, expected)
 
 
 def _dbias(case: Case, inputs: Arrays, expected: Arrays) -> float:
-    return float(np.sqrt(case.rows)) * _rms(inputs["dy"])
+    return float(np.sqrt(case.param_terms)) * _rms(inputs["dy"])
 
 
 TERMS: dict[str, Callable[[Case, Arrays, Arrays], float]] = {"dx": _dx, "dweight": _dweight, "dbias": _dbias}
@@ -86,7 +83,7 @@ def _dx_sensitivity(case: Case, inputs: Arrays, expected: Arrays) -> float:
 
 
 def _dweight_sensitivity(case: Case, inputs: Arrays, expected: Arrays) -> float:
-    return float(np.sqrt(case.rows)) * _rms(inputs["dy"])
+    return float(np.sqrt(case.param_terms)) * _rms(inputs["dy"])
 
 
 # How much each output moves per unit of absolute error in xhat (the conditioning term's unit).

@@ -13,7 +13,14 @@ from typing import Any
 
 from conformance.model.dtypes import DTYPES
 
-OPS: tuple[str, ...] = ("layer_norm", "rms_norm", "batch_norm", "add_rms_norm")
+OPS: tuple[str, ...] = (
+    "layer_norm",
+    "rms_norm",
+    "batch_norm",
+    "add_rms_norm",
+    "group_norm",
+    "instance_norm",
+)
 DISTS: tuple[str, ...] = (
     "normal",
     "offset",
@@ -35,11 +42,22 @@ FEATURES: tuple[str, ...] = (
     "multi_axis",
     "param_dtype",
     "momentum_none",
+    "running_stats",
+    "channels_last",
 )
+# Memory layouts of x a backend is asked to compute on (torch's memory formats); the values are the same.
+LAYOUTS: tuple[str, ...] = ("contiguous", "channels_last")
 # Ops that carry a bias term; RMSNorm variants have none by definition.
-_BIAS_OPS = frozenset({"layer_norm", "batch_norm"})
+_BIAS_OPS = frozenset({"layer_norm", "batch_norm", "group_norm", "instance_norm"})
 _ROW_OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm"})
 _OFFSET_OPS = frozenset({"rms_norm", "add_rms_norm"})
+# Ops with a channel axis 1 and per-channel parameters: x is (N, C, spatial...).
+CHANNEL_OPS = frozenset({"batch_norm", "group_norm", "instance_norm"})
+# Ops that normalize groups of channels per sample (InstanceNorm: one channel per group).
+GROUP_OPS = frozenset({"group_norm", "instance_norm"})
+# Fields added after the first results files: left out of ``to_dict`` at their usual value, so
+# records of the other ops read the same as before and older readers still accept them.
+_QUIET_DEFAULTS = ("num_groups", "track_running_stats", "layout")
 
 
 class CaseError(ValueError):
@@ -67,6 +85,9 @@ class Case:
     momentum: float | None = 0.1
     dist: str = "normal"
     seed: int = 0
+    num_groups: int | None = None
+    track_running_stats: bool | None = None
+    layout: str = "contiguous"
 
     def __post_init__(self) -> None:
         # Lists from JSON/TOML arrive as lists; the contract value is a tuple.
@@ -74,6 +95,9 @@ class Case:
         if self.bias is None:
             # Unset bias means "the op's usual form": LN/BN carry one, RMSNorm has none.
             object.__setattr__(self, "bias", self.op in _BIAS_OPS)
+        if self.track_running_stats is None:
+            # BatchNorm always keeps running statistics; InstanceNorm does when asked (torch's default: not).
+            object.__setattr__(self, "track_running_stats", self.op == "batch_norm")
         if self.param_dtype == self.dtype:
             # One spelling per meaning, so equal cases have equal ids and inputs.
             object.__setattr__(self, "param_dtype", None)
@@ -88,7 +112,7 @@ class Case:
 
     def _check_types(self) -> None:
         """Wrong types fail here by name (a JSON "false" string must not mean True)."""
-        for name in ("weight", "bias", "training"):
+        for name in ("weight", "bias", "training", "track_running_stats"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "true or false")
         if isinstance(self.norm_ndim, bool) or not isinstance(self.norm_ndim, int):
@@ -99,6 +123,10 @@ class Case:
         for name, value in numbers.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise _fail(name, value, "a number" + (" or None" if name == "momentum" else ""))
+        if self.num_groups is not None and (
+            isinstance(self.num_groups, bool) or not isinstance(self.num_groups, int)
+        ):
+            raise _fail("num_groups", self.num_groups, "None or a positive integer")
 
     def _check_names(self) -> None:
         if self.op not in OPS:
@@ -109,6 +137,8 @@ class Case:
             raise _fail("param_dtype", self.param_dtype, "None, " + ", ".join(DTYPES))
         if self.dist not in DISTS:
             raise _fail("dist", self.dist, ", ".join(DISTS))
+        if self.layout not in LAYOUTS:
+            raise _fail("layout", self.layout, ", ".join(LAYOUTS))
 
     def _check_shape(self) -> None:
         if not self.shape or not all(isinstance(d, int) and d >= 1 for d in self.shape):
@@ -123,6 +153,27 @@ class Case:
             if self.training and self.shape[0] * math.prod(self.shape[2:]) < 2:
                 # The unbiased running variance divides by count - 1.
                 raise _fail("shape", self.shape, "more than one value per channel when training")
+        if self.op in GROUP_OPS:
+            self._check_group_shape()
+        if self.layout != "contiguous" and (self.op not in CHANNEL_OPS or len(self.shape) not in (4, 5)):
+            # torch's channels_last / channels_last_3d exist for (N, C, H, W) and (N, C, D, H, W) only.
+            raise _fail("layout", self.layout, "contiguous, or channels_last for a 4-d or 5-d channel op")
+
+    def _check_group_shape(self) -> None:
+        minimum = 2 if self.op == "group_norm" else 3
+        if len(self.shape) < minimum:
+            allowed = "(N, C) or (N, C, spatial...)" if minimum == 2 else "(N, C, spatial...)"
+            raise _fail("shape", self.shape, f"{allowed} for op={self.op}")
+        if self.norm_ndim != 1:
+            raise _fail("norm_ndim", self.norm_ndim, f"1 for op={self.op} (channel axis is 1)")
+        if self.op == "group_norm":
+            channels = self.shape[1]
+            if self.num_groups is None or not 1 <= self.num_groups <= channels or channels % self.num_groups:
+                divisors = [g for g in range(1, channels + 1) if channels % g == 0]
+                raise _fail("num_groups", self.num_groups, f"a divisor of C={channels}: {divisors}")
+        elif self.uses_batch_stats and math.prod(self.shape[2:]) < 2:
+            # One value per instance has no spread; torch refuses it ("more than 1 spatial element").
+            raise _fail("shape", self.shape, "more than one spatial value per instance for op=instance_norm")
 
     def _check_numbers(self) -> None:
         if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)):
@@ -143,8 +194,20 @@ class Case:
             raise _fail("weight_offset", self.weight_offset, f"0.0 for op={self.op}")
         if self.weight_offset != 0.0 and not self.weight:
             raise _fail("weight_offset", self.weight_offset, "0.0 when weight=False")
-        if self.op != "batch_norm" and self.training:
-            raise _fail("training", self.training, f"False for op={self.op}")
+        if self.num_groups is not None and self.op != "group_norm":
+            raise _fail("num_groups", self.num_groups, f"None for op={self.op}")
+        if self.track_running_stats != (self.op == "batch_norm") and self.op != "instance_norm":
+            raise _fail(
+                "track_running_stats", self.track_running_stats, f"{self.op == 'batch_norm'} for op={self.op}"
+            )
+        if self.training and not self.track_running_stats:
+            # Without running statistics a training step is the eval step: one spelling per meaning.
+            allowed = (
+                "False for op="
+                + self.op
+                + ("" if self.op != "instance_norm" else " without track_running_stats")
+            )
+            raise _fail("training", self.training, allowed)
         if not self.training and self.momentum != 0.1:
             # momentum only matters for a training update; one spelling keeps ids unique.
             raise _fail("momentum", self.momentum, f"0.1 (unused) for op={self.op} with training=False")
@@ -181,8 +244,14 @@ class Case:
             flags.append("nob")
         if self.weight_offset != 0.0:
             flags.append(f"off{float(self.weight_offset)!r}")
-        if self.op == "batch_norm" and self.training:
+        if self.num_groups is not None:
+            flags.append(f"g{self.num_groups}")
+        if self.op == "instance_norm" and self.track_running_stats and not self.training:
+            flags.append("track")
+        if self.training:
             flags.append(f"train-m{float(self.momentum)!r}" if self.momentum is not None else "train-mNone")
+        if self.layout != "contiguous":
+            flags.append("cl")
         return flags
 
     @property
@@ -196,11 +265,17 @@ class Case:
             "multi_axis": self.norm_ndim > 1,
             "param_dtype": self.weight_dtype != self.dtype,
             "momentum_none": self.training and self.momentum is None,
+            "running_stats": self.op == "instance_norm" and bool(self.track_running_stats),
+            "channels_last": self.layout == "channels_last",
         }
         return frozenset(name for name, needed in needs.items() if needed)
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
+        usual = {"num_groups": None, "track_running_stats": self.op == "batch_norm", "layout": "contiguous"}
+        for name in _QUIET_DEFAULTS:
+            if record[name] == usual[name]:
+                del record[name]
         record["shape"] = list(self.shape)
         record["id"] = self.id
         return record
@@ -220,14 +295,35 @@ class Case:
         return cls(**{k: v for k, v in data.items() if k != "id"})
 
     @property
+    def uses_batch_stats(self) -> bool:
+        """Whether x is normalized with statistics computed from x (else with the running statistics)."""
+        return self.training or not self.track_running_stats
+
+    @property
+    def groups(self) -> int:
+        """Channel groups per sample of GroupNorm/InstanceNorm (InstanceNorm: one per channel); else 1."""
+        if self.op == "group_norm":
+            return int(self.num_groups or 1)
+        return self.shape[1] if self.op == "instance_norm" else 1
+
+    @property
     def rows(self) -> int:
-        """Independent normalization groups (LN/RMS rows); BN: values per channel."""
+        """Independent normalization groups (LN/RMS rows, GN/IN samples x groups); BN: values per channel."""
         if self.op == "batch_norm":
             return self.shape[0] * math.prod(self.shape[2:])
+        if self.op in GROUP_OPS:
+            return self.shape[0] * self.groups
         return math.prod(self.shape[: len(self.shape) - self.norm_ndim])
 
     @property
+    def param_terms(self) -> int:
+        """How many values each parameter-gradient element sums: rows (LN/RMS), N x spatial (channel ops)."""
+        if self.op in CHANNEL_OPS:
+            return self.shape[0] * math.prod(self.shape[2:])
+        return self.rows
+
+    @property
     def param_shape(self) -> tuple[int, ...]:
-        if self.op == "batch_norm":
+        if self.op in CHANNEL_OPS:
             return (self.shape[1],)
         return self.shape[len(self.shape) - self.norm_ndim :]

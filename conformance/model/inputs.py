@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from conformance.model.case import Case
+from conformance.model.case import GROUP_OPS, Case
 from conformance.model.dtypes import finfo, round_to
 
 Draw = Callable[[np.random.Generator, Case], np.ndarray]
@@ -34,8 +34,11 @@ OUTLIER_VALUE: dict[str, float] = {"float64": 1e8, "float32": 1e6, "float16": 1e
 def groups(case: Case) -> tuple[int, int]:
     """(groups, group length), as if x were reshaped so each row is one normalization group.
 
-    LN/RMS groups are rows; BN groups are channels, each holding ``case.rows`` values.
+    LN/RMS groups are rows; BN groups are channels, each holding ``case.rows`` values; GN/IN groups
+    are (sample, group) pairs, each holding its channels' spatial values, contiguous in x.
     """
+    if case.op in GROUP_OPS:
+        return case.rows, int(np.prod(case.shape)) // case.rows
     if case.op == "batch_norm":
         return case.shape[1], case.rows
     return case.rows, int(np.prod(case.shape)) // case.rows
@@ -143,7 +146,7 @@ def _params(case: Case, rng: np.random.Generator, x: np.ndarray) -> dict[str, np
         params["weight"] = round_to(centre + 0.5 * rng.standard_normal(shape), case.weight_dtype)
     if case.bias:
         params["bias"] = round_to(0.5 * rng.standard_normal(shape), case.weight_dtype)
-    if case.op == "batch_norm":
+    if case.track_running_stats:
         params.update(_running_stats(case, rng, x))
     return params
 

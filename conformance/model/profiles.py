@@ -43,6 +43,35 @@ def _bn(**axes: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
     return {"op": ("batch_norm",), **axes}
 
 
+def _gn(**axes: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
+    return {"op": ("group_norm",), **axes}
+
+
+def _in(**axes: tuple[Any, ...]) -> dict[str, tuple[Any, ...]]:
+    return {"op": ("instance_norm",), **axes}
+
+
+def _channel_groups(
+    why: str, axes: Mapping[str, tuple[Any, ...]], base: Mapping[str, Any]
+) -> tuple[Grid, ...]:
+    """The grid for GroupNorm with ``base``'s num_groups, and for InstanceNorm (one channel per group)."""
+    instance = {k: v for k, v in base.items() if k != "num_groups"}
+    return (
+        Grid(why, {"op": ("group_norm",), **axes}, base),
+        Grid(why + " (InstanceNorm)", {"op": ("instance_norm",), **axes}, instance),
+    )
+
+
+# InstanceNorm's four modes: instance statistics (torch's default), eval with running statistics, and
+# training steps with a fixed momentum and with the cumulative average (momentum None). The Case
+# validator drops the products that do not exist (training without running statistics).
+IN_MODES: dict[str, tuple[Any, ...]] = {
+    "track_running_stats": (False, True),
+    "training": (False, True),
+    "momentum": (0.1, None),
+}
+
+
 SMOKE: tuple[Grid, ...] = (
     Grid(
         "one small shape per op and dtype: every check runs in seconds",
@@ -68,6 +97,21 @@ SMOKE: tuple[Grid, ...] = (
         "BatchNorm training with a fixed momentum and the cumulative average, (N, C, L) layout",
         _bn(dtype=("float32", "bfloat16"), momentum=(0.1, None), shape=((6, 3, 5),), training=(True,)),
         {"eps": 1e-5},
+    ),
+    Grid(
+        "GroupNorm with one group, groups between, and one channel per group, every dtype",
+        _gn(dtype=DTYPES, shape=((2, 6, 5),), num_groups=(1, 2, 6)),
+        {"eps": 1e-5},
+    ),
+    Grid(
+        "InstanceNorm's four modes in float32 and bfloat16, and constant instances",
+        _in(dtype=("float32", "bfloat16"), shape=((2, 3, 6),), dist=("normal", "constant"), **IN_MODES),
+        {"eps": 1e-5},
+    ),
+    *_channel_groups(
+        "torch's channels-last layout for both ops, float32",
+        {"dtype": ("float32",), "shape": ((2, 4, 3, 5),)},
+        {"eps": 1e-5, "layout": "channels_last", "num_groups": 2},
     ),
 )
 
@@ -152,6 +196,71 @@ CI: tuple[Grid, ...] = (
         _bn(dtype=DTYPES, shape=((32, 16), (8, 4, 50), (4, 3, 6, 7)), dist=("normal", "offset")),
         {"eps": 1e-5},
     ),
+    *(
+        Grid(
+            f"GroupNorm with G = 1, G between and G = C (C={shape[1]}), every dtype, 3-d and 4-d inputs",
+            _gn(dtype=DTYPES, shape=(shape,), num_groups=(1, 4, shape[1])),
+            {"eps": 1e-5},
+        )
+        for shape in ((2, 8, 5, 5), (3, 32, 7))
+    ),
+    Grid(
+        "GroupNorm odd and large spatial sizes (groups of 17*19*3 and 64*64*2 values), fp32 and bf16",
+        _gn(dtype=("float32", "bfloat16"), shape=((2, 6, 17, 19), (1, 4, 64, 64)), num_groups=(2,)),
+        {"eps": 1e-5},
+    ),
+    *_channel_groups(
+        "every distribution for GN/IN in every dtype: constant and offset groups, float16 squares that "
+        "overflow (groups of 20 values stay far from float32's limit)",
+        {"dtype": DTYPES, "dist": DISTS, "shape": ((2, 6, 10),)},
+        {"eps": 1e-5, "num_groups": 3},
+    ),
+    *_channel_groups(
+        "eps sweep 1e-12..1e-2 for GN/IN on normal and near-constant groups",
+        {
+            "dtype": DTYPES,
+            "eps": (1e-12, 1e-6, 1e-2),
+            "dist": ("normal", "near_constant"),
+            "shape": ((2, 4, 24),),
+        },
+        {"num_groups": 2},
+    ),
+    *_channel_groups(
+        "affine variants (InstanceNorm's default has none) and half activations with float32 parameters",
+        {
+            "dtype": ("float32", "bfloat16"),
+            "weight": (True, False),
+            "bias": (True, False),
+            "shape": ((2, 6, 9),),
+        },
+        {"eps": 1e-5, "num_groups": 3},
+    ),
+    *_channel_groups(
+        "half activations with float32 parameters for GN/IN",
+        {"dtype": HALF, "dist": ("normal", "offset"), "shape": ((2, 8, 25),)},
+        {"eps": 1e-5, "param_dtype": "float32", "num_groups": 4},
+    ),
+    Grid(
+        "InstanceNorm's four modes on 1-d, 2-d and 3-d inputs in every dtype",
+        _in(dtype=DTYPES, shape=((4, 3, 10), (2, 4, 6, 7), (2, 2, 3, 4, 5)), **IN_MODES),
+        {"eps": 1e-5},
+    ),
+    Grid(
+        "InstanceNorm training with momentum 0.5 and eval with running statistics on offset data",
+        _in(
+            dtype=("float32", "bfloat16"),
+            shape=((4, 3, 10),),
+            training=(True,),
+            momentum=(0.5,),
+            dist=("offset",),
+        ),
+        {"eps": 1e-5, "track_running_stats": True},
+    ),
+    *_channel_groups(
+        "torch's channels-last layout (4-d and 5-d) for GN/IN in every dtype",
+        {"dtype": DTYPES, "shape": ((2, 8, 5, 6), (2, 4, 3, 4, 5))},
+        {"eps": 1e-5, "layout": "channels_last", "num_groups": 2},
+    ),
 )
 
 FULL: tuple[Grid, ...] = (
@@ -179,6 +288,16 @@ FULL: tuple[Grid, ...] = (
         "BatchNorm image layouts with many channels, train and eval",
         _bn(dtype=DTYPES, shape=((16, 64, 14, 14), (64, 256)), training=(False, True)),
         {"eps": 1e-5},
+    ),
+    *_channel_groups(
+        "GN/IN every distribution x eps on a mid shape (groups of 200 values)",
+        {"dtype": DTYPES, "dist": DISTS, "eps": (1e-12, 1e-6, 1e-5, 1e-2), "shape": ((4, 8, 200),)},
+        {"num_groups": 8},
+    ),
+    *_channel_groups(
+        "diffusion U-Net GroupNorm shapes (32 groups) and style-transfer InstanceNorm images",
+        {"dtype": DTYPES, "shape": ((2, 320, 32, 32), (1, 512, 16, 16), (4, 64, 64, 64))},
+        {"eps": 1e-5, "num_groups": 32},
     ),
 )
 
