@@ -12,22 +12,31 @@ import numpy as np
 
 from backends._translate import offset_scale, old_value_momentum
 from conformance.adapter.backend import Inputs, Unsupported
-from conformance.model.case import Case
+from conformance.model.case import CHANNEL_OPS, Case
 from conformance.model.dtypes import round_to
 
 # The Keras layer of each op; add_rms_norm is x + residual (in the activation dtype), then RMSNormalization.
+# Keras 3 has no InstanceNormalization: GroupNormalization(groups=-1) is its documented spelling (one
+# group per channel), with statistics of each instance only (no running statistics).
 LAYERS: dict[str, str] = {
     "layer_norm": "LayerNormalization",
     "rms_norm": "RMSNormalization",
     "batch_norm": "BatchNormalization",
     "add_rms_norm": "RMSNormalization",
+    "group_norm": "GroupNormalization",
+    "instance_norm": "GroupNormalization",
 }
+# Layers with separate center (beta) and scale (gamma) switches; RMSNormalization has a scale only.
+AFFINE_SWITCHES = frozenset({"LayerNormalization", "BatchNormalization", "GroupNormalization"})
+# GroupNormalization's ``groups`` for InstanceNorm: -1 makes it the channel count at build time.
+INSTANCE_GROUPS = -1
 # Keras' own epsilon defaults (keras 3.15 source: layers/normalization/*.py); the fingerprint's
 # default-eps hook leaves epsilon out so these apply. Checked against the installed Keras in tests.
 DEFAULT_EPS: dict[str, float] = {
     "LayerNormalization": 1e-3,
     "RMSNormalization": 1e-6,
     "BatchNormalization": 1e-3,
+    "GroupNormalization": 1e-3,
 }
 # Keras' DTypePolicy names a compute dtype with its variable dtype: "<dtype>" (both equal) or one of
 # the two mixed policies below (keras.src.dtype_policies.DTypePolicy._parse_name). Any other pairing
@@ -95,8 +104,10 @@ def keras_momentum(momentum: float | None) -> float:
 
 
 def axis(case: Case) -> int | list[int]:
-    """LN/RMS: the trailing ``norm_ndim`` axes; BN: the channel axis 1 (Keras' default is -1)."""
-    if case.op == "batch_norm":
+    """LN/RMS: the trailing ``norm_ndim`` axes; BN, GN, IN: the channel axis 1 (Keras' default is -1,
+    channels last; GroupNormalization splits the axis it is given into groups, so axis=1 takes the
+    case's channels-first x as it is, without a transpose)."""
+    if case.op in CHANNEL_OPS:
         return 1
     return -1 if case.norm_ndim == 1 else list(range(-case.norm_ndim, 0))
 
@@ -107,10 +118,14 @@ def layer_kwargs(case: Case, momentum: float | None, *, default_eps: bool = Fals
     kwargs: dict[str, object] = {"axis": axis(case)}
     if not default_eps:
         kwargs["epsilon"] = case.eps
-    if case.op in ("layer_norm", "batch_norm"):
+    if LAYERS[case.op] in AFFINE_SWITCHES:
         # Keras has separate switches: center (beta) and scale (gamma), so no frozen stand-ins.
         kwargs["center"] = bool(case.bias)
         kwargs["scale"] = case.weight
+    if case.op == "group_norm":
+        kwargs["groups"] = case.num_groups
+    if case.op == "instance_norm":
+        kwargs["groups"] = INSTANCE_GROUPS
     if case.op == "batch_norm":
         assert momentum is not None, "BatchNormalization needs a Keras momentum (keras_momentum)"
         kwargs["momentum"] = momentum
@@ -162,13 +177,25 @@ def _scale(case: Case, inputs: Inputs) -> np.ndarray:
     return scale
 
 
+def refuse(case: Case) -> None:
+    """Unsupported for what the capabilities leave out, for callers that prepare without asking them."""
+    if case.op == "instance_norm" and case.track_running_stats:
+        raise Unsupported(
+            "track_running_stats=True: Keras has no InstanceNorm with running statistics "
+            "(GroupNormalization(groups=-1) normalizes each instance with its own statistics only)"
+        )
+    if case.layout != "contiguous":
+        raise Unsupported(f"layout={case.layout}: a torch memory format, which Keras layers do not take")
+
+
 def plan(case: Case, inputs: Inputs, momentum: float | None, *, default_eps: bool = False) -> Plan:
     """Translate ``case`` into a Plan; ``momentum`` is BatchNormalization's Keras momentum (see
     keras_momentum; None for the other layers).
 
     Raises Unsupported for what Keras cannot express (a dtype pairing without a policy, an inexact
-    Gemma offset).
+    Gemma offset, InstanceNorm's running statistics, a torch memory layout).
     """
+    refuse(case)
     policy = policy_name(case)
     values, grads = _variables(case, inputs, _variable_dtype(policy))
     training = case.training if case.op == "batch_norm" else None

@@ -15,8 +15,16 @@ from backends import _ort
 from backends.onnx_graphs import Spec
 from conformance.model.dtypes import numpy_dtype
 
-# The ONNX ops that carry the normalization's epsilon attribute (ONNX default 1e-5 for all three).
-NORMS = frozenset({"LayerNormalization", "RMSNormalization", "BatchNormalization"})
+# The ONNX ops that carry the normalization's epsilon attribute (ONNX default 1e-5 for each).
+NORMS = frozenset(
+    {
+        "LayerNormalization",
+        "RMSNormalization",
+        "BatchNormalization",
+        "GroupNormalization",
+        "InstanceNormalization",
+    }
+)
 # What a fence is made of: the activation as a column, times the 1 x 1 matrix [[1]], back to its shape.
 _AXES, _ONE = "fence_axes", "fence_one"
 

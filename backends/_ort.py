@@ -6,6 +6,7 @@ travels as its uint16 bits, because ORT's Python binding has no NumPy type for i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from backends._host import cpu_name
 from conformance.adapter.backend import Capabilities, Outputs, Unsupported
 from conformance.model.dtypes import DTYPES
 
-OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"})
+OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"})
 # ORT_ENABLE_ALL is ORT's default: the suite runs the graph users get, fusions included.
 OPTIMIZATION = "ORT_ENABLE_ALL"
 ONNX_TYPES: dict[str, int] = {
@@ -36,6 +37,7 @@ _ORT_TYPES = {
     "tensor(bfloat16)": "bfloat16",
 }
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+_ONNX_NAMES = {name: value[len("tensor(") : -1] for value, name in _ORT_TYPES.items()}
 
 
 def provider() -> str:
@@ -76,6 +78,37 @@ def session(model: onnx.ModelProto, what: str) -> ort.InferenceSession:
         raise Unsupported(
             f"onnxruntime {ort.__version__} {provider()} has no kernel for {what}: {error}"
         ) from error
+
+
+@functools.cache
+def _kernels(provider_name: str) -> frozenset[tuple[str, int, int, str]]:
+    """(op, first opset, last opset, T's type) of every ONNX-domain kernel ``provider_name`` registers."""
+    return frozenset(
+        (kernel.op_name, *kernel.version_range, type_name)
+        for kernel in ort_state.get_all_opkernel_def()
+        if kernel.provider == provider_name and kernel.domain == ""
+        for type_name in kernel.type_constraints.get("T", [])
+    )
+
+
+def kernel_or_function(op: str, opset: int, dtype: str) -> str:
+    """How the session's provider runs the ONNX op ``op``-``opset`` on ``dtype``: its "kernel"; a
+    "float32 kernel between Casts" (ORT's InsertCastTransformer runs float16 nodes that have no float16
+    kernel on the float32 one); or, for an op with an ONNX function body and no kernel, the "function
+    body" inlined into primitive ops at session creation."""
+    kernels = {
+        (first, last, type_name) for name, first, last, type_name in _kernels(provider()) if name == op
+    }
+    types = {type_name for first, last, type_name in kernels if first <= opset <= last}
+    if f"tensor({_ONNX_NAMES[dtype]})" in types:
+        return "kernel"
+    if dtype == "float16" and "tensor(float)" in types:
+        return "float32 kernel between Casts"
+    schema = onnx.defs.get_schema(op, opset)
+    # OpSchema is a pybind class whose stubs lack the two function flags.
+    if getattr(schema, "has_function", False) or getattr(schema, "has_context_dependent_function", False):
+        return "function body"
+    return f"no {dtype} kernel"
 
 
 class Cache:

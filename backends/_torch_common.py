@@ -17,19 +17,24 @@ import torch
 from backends._host import cpu_name
 from backends._translate import offset_scale
 from conformance.adapter.backend import Capabilities, Inputs, Outputs, Unsupported
-from conformance.model.case import Case
+from conformance.model.case import GROUP_OPS, Case
 from conformance.model.dtypes import DTYPES
 
-OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"})
+OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"})
 Forward = Callable[[], torch.Tensor]
 Build = Callable[[Case, "Tensors"], "TorchPrepared"]
 # What torch.nn and torch.nn.functional adapters declare beyond the feature names.
 LIBRARY_NOTES = {
     "param_dtype": "torch decides per device: prepare() runs a two-row probe and raises Unsupported for a"
-    " mix torch rejects (on CPU, LayerNorm/BatchNorm take mixed dtypes only as float16/bfloat16"
-    " activations with float32 parameters; RMSNorm takes any mix)",
+    " mix torch rejects (on CPU, LayerNorm/BatchNorm/GroupNorm/InstanceNorm take mixed dtypes only as"
+    " float16/bfloat16 activations with float32 parameters; RMSNorm takes any mix)",
     "weight_offset": "translated: torch gets the weight offset + w, held exactly in float32 or float64",
+    "channels_last": "prepare() lays x (and dy) out with .contiguous(memory_format=torch.channels_last or"
+    " channels_last_3d); info() memory_format names the format the tensors handed over are in",
 }
+# torch's channels-last memory format for each rank that has one (Case allows the layout only there).
+CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+_FORMAT_NAMES = {torch.channels_last: "channels_last", torch.channels_last_3d: "channels_last_3d"}
 
 
 def device() -> torch.device:
@@ -172,13 +177,19 @@ class Tensors:
         return any(p is not None and p.dtype != self.x.dtype for p in params)
 
     def tiny(self, case: Case) -> Tensors:
-        """Same dtypes and parameters, a two-row x: enough to learn whether torch accepts the dtypes."""
+        """Same dtypes, parameters and memory format, a two-row x: enough to learn whether torch accepts
+        the dtypes."""
         if case.op == "batch_norm":
             shape = (2, case.shape[1]) + (1,) * (len(case.shape) - 2)
+        elif case.op in GROUP_OPS:
+            # Two values per spatial dim: InstanceNorm refuses a single value per instance, and a
+            # channels-last tensor of size-1 spatial dims would also be contiguous.
+            shape = (2, case.shape[1]) + (2,) * (len(case.shape) - 2)
         else:
             shape = (2, *case.param_shape)
-        x = torch.zeros(shape, dtype=self.x.dtype, device=self.x.device)
-        dy = None if self.dy is None else torch.zeros(shape, dtype=self.dy.dtype, device=self.dy.device)
+        fmt = memory_format(case)
+        x = torch.zeros(shape, dtype=self.x.dtype, device=self.x.device).contiguous(memory_format=fmt)
+        dy = None if self.dy is None else torch.zeros_like(x, dtype=self.dy.dtype)
         residual = None if self.residual is None else Residual(torch.zeros_like(x))
         return replace(
             self,
@@ -198,10 +209,39 @@ def _clone(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor.detach().clone().requires_grad_(tensor.requires_grad)
 
 
+def memory_format(case: Case) -> torch.memory_format:
+    """The memory format the case asks x to be computed in: channels_last(_3d), else contiguous."""
+    if case.layout == "channels_last":
+        return CHANNELS_LAST[len(case.shape)]
+    return torch.contiguous_format
+
+
+def laid_out(tensor: torch.Tensor) -> str:
+    """The memory formats ``tensor``'s strides satisfy, '+'-joined ('strided' for none): read from the
+    tensor itself, so info() reports what an op was handed, not what was asked for."""
+    formats = [torch.contiguous_format]
+    if tensor.dim() in CHANNELS_LAST:
+        formats.append(CHANNELS_LAST[tensor.dim()])
+    names = [_FORMAT_NAMES.get(f, "contiguous") for f in formats if tensor.is_contiguous(memory_format=f)]
+    return "+".join(names) or "strided"
+
+
+def layout_info(case: Case, tensors: Tensors) -> dict[str, str | int | float | bool]:
+    """info() fields of the memory format x (and dy) are handed over in, for the ops that have layouts."""
+    if case.op not in GROUP_OPS and case.layout == "contiguous":
+        return {}
+    info: dict[str, str | int | float | bool] = {"memory_format": laid_out(tensors.x)}
+    if tensors.dy is not None:
+        info["dy_memory_format"] = laid_out(tensors.dy)
+    return info
+
+
 def load(case: Case, inputs: Inputs, *, grad: bool, weight: np.ndarray | None = None) -> Tensors:
-    """Copy the inputs to the device; ``weight`` replaces the input weight (an adapter's translation)."""
+    """Copy the inputs to the device, x and dy in the case's memory format; ``weight`` replaces the
+    input weight (an adapter's translation)."""
     dev = device()
     threads()
+    fmt = memory_format(case)
 
     def get(name: str, *, leaf: bool = False) -> torch.Tensor | None:
         if name not in inputs:
@@ -209,30 +249,39 @@ def load(case: Case, inputs: Inputs, *, grad: bool, weight: np.ndarray | None = 
         value = weight if name == "weight" and weight is not None else inputs[name]
         return to_torch(value, dev).requires_grad_(leaf and grad)
 
+    dy = get("dy") if grad else None
     return Tensors(
-        x=to_torch(inputs["x"], dev).requires_grad_(grad),
+        # Converted before requires_grad_, so x stays the leaf autograd differentiates (a no-op when
+        # contiguous); a channels-last dy keeps the backward kernels on the same layout.
+        x=to_torch(inputs["x"], dev).contiguous(memory_format=fmt).requires_grad_(grad),
         weight=get("weight", leaf=True),
         bias=get("bias", leaf=True),
         running_mean=get("running_mean"),
         running_var=get("running_var"),
-        dy=get("dy") if grad else None,
+        dy=None if dy is None else dy.contiguous(memory_format=fmt),
         residual=Residual(to_torch(inputs["residual"], dev)) if "residual" in inputs else None,
     )
 
 
-def probe(build: Build, case: Case, tensors: Tensors) -> None:
-    """Raise Unsupported when torch rejects this mix of activation and parameter dtypes on the device.
+def probe(build: Build, case: Case, tensors: Tensors, *, weightless: bool = False) -> None:
+    """Raise Unsupported when torch rejects this mix of activation and parameter dtypes on the device,
+    and with ``weightless`` also when it cannot differentiate a call given a bias but no weight (torch
+    2.13's CPU group_norm backward cannot).
 
     Runs the adapter's own build on a two-row copy, so the answer is torch's, not a table of guesses.
     """
-    if not tensors.mixed():
+    mixed = tensors.mixed()
+    bias_only = weightless and tensors.dy is not None and tensors.weight is None and tensors.bias is not None
+    if not mixed and not bias_only:
         return
     try:
         build(case, tensors.tiny(case))()
     except RuntimeError as error:
+        what = f"dtype={case.dtype} activations and param_dtype={case.weight_dtype}"
         raise Unsupported(
             f"torch {torch.__version__} on {tensors.x.device.type} rejects op={case.op} with "
-            f"dtype={case.dtype} activations and param_dtype={case.weight_dtype}: {error}"
+            + (what if mixed else "a bias and no weight in the backward")
+            + f": {error}"
         ) from error
 
 
@@ -356,7 +405,7 @@ def library_prepared(
     # A translated weight (offset_scale) may be wider than the param dtype; its gradient is reported
     # in the param dtype, as torch would give it for a weight of that dtype.
     widened = weight is not None and weight.dtype != params
-    return TorchPrepared(
+    prepared = TorchPrepared(
         forward,
         tensors,
         gradient_targets(case, tensors.x, weight, bias),
@@ -364,15 +413,27 @@ def library_prepared(
         out_dtypes={"dweight": params} if widened else None,
         quiet=MIXED_RMS if case.op in ("rms_norm", "add_rms_norm") and tensors.mixed() else None,
     )
+    prepared.described.update(layout_info(case, tensors))
+    return prepared
 
 
-def prepare_library(build: Build, case: Case, inputs: Inputs, *, grad: bool) -> TorchPrepared:
-    """Load (translating Gemma's offset into the weight), check torch accepts the dtypes, build."""
+def first_step_momentum(momentum: float | None) -> float:
+    """The factor of one running-statistics update: momentum None is the cumulative average, whose
+    first step has factor 1/1; every call starts from the prepared statistics, so each call is a first
+    step and 1.0 is exact."""
+    return 1.0 if momentum is None else momentum
+
+
+def prepare_library(
+    build: Build, case: Case, inputs: Inputs, *, grad: bool, weightless: bool = False
+) -> TorchPrepared:
+    """Load (translating Gemma's offset into the weight), check torch accepts the dtypes (and with
+    ``weightless`` a bias without a weight; see probe), build."""
     weight = None
     if case.weight_offset:
         weight = offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype)
     tensors = load(case, inputs, grad=grad, weight=weight)
-    probe(build, case, tensors)
+    probe(build, case, tensors, weightless=weightless)
     return build(case, tensors)
 
 

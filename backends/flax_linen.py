@@ -1,9 +1,11 @@
-"""flax: Flax linen LayerNorm, RMSNorm and BatchNorm under jax.jit, gradients through jax.vjp.
+"""flax: Flax linen LayerNorm, RMSNorm, BatchNorm, GroupNorm and InstanceNorm under jax.jit, gradients
+through jax.vjp.
 
 Each case is one jitted function of (params, batch_stats, x, residual, dy), lowered and compiled in
 prepare() (timed there and reported by info()); __call__ runs the compiled executable and blocks.
 Conventions Flax lacks are translated exactly where a translation exists: PyTorch's momentum m is
-Flax's 1 - m, Gemma's offset becomes the scale ``offset + w``. Flax's defaults are kept otherwise
+Flax's 1 - m, Gemma's offset becomes the scale ``offset + w``, GroupNorm's channels-first x is
+transposed to Flax's channels-last and back. Flax's defaults are kept otherwise
 (``use_fast_variance=True``: one-pass E[x^2] - E[x]^2 statistics), so the suite sees what users get.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 import flax
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from backends import _jax_common as jc
@@ -25,7 +28,10 @@ from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Outputs,
 from conformance.model.case import Case
 from conformance.model.dtypes import DTYPES
 
-OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"})
+OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"})
+# Not declared: linen.InstanceNorm keeps no running statistics (it has no batch_stats collection), and
+# channels_last is a torch memory format; a JAX array has no memory layout an adapter could choose.
+UNDECLARED = frozenset({"momentum_none", "running_stats", "channels_last"})
 # Compiled executables kept per process; a ci run compiles each distinct (shape, dtype, option) once.
 CACHE_SIZE = 512
 NOTES = {
@@ -48,6 +54,13 @@ NOTES = {
     "add_rms_norm": "x + residual in the activation dtype, then linen.RMSNorm; XLA's default"
     " allow_excess_precision may skip the rounding of the sum inside the jitted graph (a deviation)",
     "threads": "XLA's CPU client sizes its own thread pool to the machine; --bench-threads does not apply",
+    "group_norm": "linen.GroupNorm(num_groups=G) takes channels last: x (N, C, spatial...) is transposed"
+    " to (N, spatial..., C) before it and y back after it (exact: values move, none is computed);"
+    " statistics over spatial and the group's channels, use_fast_variance default (one-pass)",
+    "instance_norm": "linen.InstanceNorm(feature_axes=1): channels-first natively, statistics over the"
+    " spatial axes, use_fast_variance default (one-pass); no running statistics (running_stats and"
+    " training are not declared for it)",
+    "channels_last": "not declared: torch's memory format has no JAX counterpart (XLA chooses layouts)",
 }
 
 
@@ -67,10 +80,19 @@ class Spec:
     training: bool
     momentum: float | None  # BatchNorm: Flax's momentum (already translated); None for other ops
     grad: bool
+    num_groups: int | None  # GroupNorm's G; None for other ops
+    transposed: bool  # x moved to (N, spatial..., C) for the module and y moved back (GroupNorm)
 
     @classmethod
     def of(
-        cls, case: Case, scale_dtype: str, *, grad: bool, eps: float | None, momentum: float | None
+        cls,
+        case: Case,
+        scale_dtype: str,
+        *,
+        grad: bool,
+        eps: float | None,
+        momentum: float | None,
+        transposed: bool,
     ) -> Spec:
         return cls(
             case.op,
@@ -85,6 +107,8 @@ class Spec:
             case.training,
             momentum,
             grad,
+            case.num_groups,
+            transposed,
         )
 
     @property
@@ -140,11 +164,35 @@ def batch_norm_module(spec: Spec) -> nn.Module:
     )
 
 
+def group_norm_module(spec: Spec) -> nn.Module:
+    """linen.GroupNorm, whose feature axis is always the last: it is given x channels last."""
+    return nn.GroupNorm(
+        num_groups=spec.num_groups,
+        group_size=None,  # one of the two; Flax's default num_groups (32) is replaced by the case's G
+        **_eps(spec),
+        **_dtypes(spec),
+        use_bias=spec.bias,
+        use_scale=spec.weight,
+        # Flax's default, spelled out: every axis but the batch; the last (channels) is split into
+        # (G, C/G) and reduced over C/G, so each group covers its channels and every spatial value.
+        reduction_axes=tuple(range(1, len(spec.shape))),
+    )
+
+
+def instance_norm_module(spec: Spec) -> nn.Module:
+    """linen.InstanceNorm with the channel axis 1: it reduces every axis but the batch and the channel."""
+    return nn.InstanceNorm(
+        **_eps(spec), **_dtypes(spec), use_bias=spec.bias, use_scale=spec.weight, feature_axes=1
+    )
+
+
 MODULES: dict[str, Callable[[Spec], nn.Module]] = {
     "layer_norm": layer_norm_module,
     "rms_norm": rms_norm_module,
     "batch_norm": batch_norm_module,
     "add_rms_norm": rms_norm_module,
+    "group_norm": group_norm_module,
+    "instance_norm": instance_norm_module,
 }
 
 Tree = dict[str, Any]
@@ -161,6 +209,11 @@ def forward_fn(spec: Spec, module: nn.Module) -> Forward:
             x = x + residual
             extra["residual_out"] = x
         variables = {"params": params, **({"batch_stats": stats} if stats else {})}
+        if spec.transposed:
+            # (N, C, spatial...) -> (N, spatial..., C) and back: a pure permutation, exact both ways,
+            # and jax.vjp carries dy through the same permutations.
+            moved: Any = module.apply(variables, jnp.moveaxis(x, 1, -1))
+            return jnp.moveaxis(moved, -1, 1), extra
         if not spec.training:
             plain: Any = module.apply(variables, x)
             return plain, extra
@@ -286,7 +339,7 @@ class FlaxLinen:
         return Capabilities(
             ops=OPS,
             dtypes=frozenset(DTYPES),
-            features=frozenset(FEATURES) - {"momentum_none"},
+            features=frozenset(FEATURES) - UNDECLARED,
             device=jc.device_type(),
             device_name=jc.device_name(),
             notes={"flax": flax.__version__, **jc.versions(), **NOTES},
@@ -313,11 +366,20 @@ class FlaxLinen:
         # Flax's BatchNorm weights the old running value: 1 - m (see old_value_momentum).
         return old_value_momentum(case.momentum)
 
+    def transposes(self, case: Case) -> bool:
+        """Whether x is transposed to channels last around the module: linen.GroupNorm's feature axis
+        is always the last one (InstanceNorm takes feature_axes=1, BatchNorm axis=1 instead)."""
+        return case.op == "group_norm"
+
     def _prepare(self, case: Case, inputs: Inputs, *, grad: bool, default_eps: bool) -> FlaxPrepared:
         jc.enable_x64()
+        refuse(case)
         eps, momentum = self.epsilon(case, default_eps), self.flax_momentum(case)
         weight = scale(case, inputs)
-        spec = Spec.of(case, scale_dtype(case, weight), grad=grad, eps=eps, momentum=momentum)
+        layout = self.transposes(case)
+        spec = Spec.of(
+            case, scale_dtype(case, weight), grad=grad, eps=eps, momentum=momentum, transposed=layout
+        )
         loaded = load(case, spec, inputs, weight)
         compiled, hit = self._cache.get(spec, lambda: jax.jit(step_fn(spec)).lower(*loaded.args()).compile())
         module = MODULES[spec.op](spec)
@@ -332,12 +394,30 @@ class FlaxLinen:
         if case.op == "batch_norm":
             info["flax_momentum"] = float(module.momentum)
             info["batch_stats_dtype"] = spec.stats_dtype
+        if case.op == "group_norm":
+            info["num_groups"] = int(module.num_groups)
+        if spec.transposed:
+            info["layout"] = "x transposed to channels last for the module, y transposed back"
         return FlaxPrepared(compiled, loaded, spec, info)
+
+
+def refuse(case: Case) -> None:
+    """Unsupported for what the capabilities leave out, for callers that prepare without asking them."""
+    if case.op == "instance_norm" and case.track_running_stats:
+        raise Unsupported("linen.InstanceNorm keeps no running statistics (track_running_stats=True)")
+    if case.layout != "contiguous":
+        raise Unsupported(f"layout={case.layout}: a torch memory format; JAX arrays have no memory layout")
 
 
 def default_eps(op: str) -> float:
     """Flax's own default epsilon of the op's module, read from the module class."""
-    module = {"layer_norm": nn.LayerNorm, "rms_norm": nn.RMSNorm, "batch_norm": nn.BatchNorm}
+    module = {
+        "layer_norm": nn.LayerNorm,
+        "rms_norm": nn.RMSNorm,
+        "batch_norm": nn.BatchNorm,
+        "group_norm": nn.GroupNorm,
+        "instance_norm": nn.InstanceNorm,
+    }
     cls = module["rms_norm" if op == "add_rms_norm" else op]
     (epsilon,) = (f for f in dataclasses.fields(cls) if f.name == "epsilon")
     return float(epsilon.default)  # type: ignore[arg-type]

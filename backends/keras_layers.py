@@ -1,10 +1,11 @@
 """keras (Keras 3 on torch) and keras-jax (the same layers on Keras' JAX backend): keras.layers
-LayerNormalization, RMSNormalization and BatchNormalization under a dtype policy matching the case.
+LayerNormalization, RMSNormalization, BatchNormalization and GroupNormalization (GroupNorm, and
+InstanceNorm as groups=-1) under a dtype policy matching the case.
 
 Keras picks its backend once per process; the adapter of this process's backend runs in process, the
 other in a persistent child process (backends/_keras_child.py). The translation (backends/_keras_plan.py)
 is computed here either way: momentum 1 - m, the channel axis, the trailing axes, center/scale, the
-dtype policy, Gemma's offset.
+dtype policy, Gemma's offset, GroupNormalization's groups.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ from conformance.adapter.backend import (
 from conformance.model.case import Case
 from conformance.model.dtypes import DTYPES
 
-OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"})
+OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"})
+# Not declared: Keras' BatchNormalization has no cumulative average; Keras has no InstanceNorm with
+# running statistics; channels_last is a torch memory format, not a Keras layer option.
+UNDECLARED = frozenset({"momentum_none", "running_stats", "channels_last"})
 # The extra that installs each library an adapter needs.
 _EXTRAS = {"keras": "keras", "torch": "keras", "jax": "flax"}
 NOTES: dict[str, str] = {
@@ -52,6 +56,12 @@ NOTES: dict[str, str] = {
     "statistics": "in float32 (Keras upcasts half inputs); BatchNormalization's batch variance is one-pass"
     " E[x^2] - E[x]^2 on the torch backend (keras.ops.moments), two-pass on JAX, where"
     " ops.batch_normalization folds y = x * inv + (beta - mean * inv); see the fingerprint",
+    "group_norm": "GroupNormalization(groups=G, axis=1): channels-first as the case gives it (no"
+    " transpose); statistics in float32 (ops.moments: one-pass E[x^2] - E[x]^2 on the torch backend,"
+    " two-pass jnp.var on JAX), eps inside rsqrt, folded y = x * inv + (beta - mean * inv)",
+    "instance_norm": "GroupNormalization(groups=-1, axis=1), Keras' spelling of InstanceNorm: each"
+    " instance's own statistics; running_stats is not declared (Keras keeps none for it)",
+    "channels_last": "not declared: a torch memory format; Keras layers take the array as given",
     "float64": "computed in float32: keras.backend.result_type maps float64 to float32 on the torch and"
     " JAX backends, so the layers cast float64 inputs down and the results back up (a known deviation)",
 }
@@ -167,7 +177,7 @@ class _KerasLayers:
         return Capabilities(
             ops=_ops(),
             dtypes=frozenset(DTYPES),
-            features=frozenset(FEATURES) - {"momentum_none"},
+            features=frozenset(FEATURES) - UNDECLARED,
             device=device,
             device_name=device_name,
             notes=notes,

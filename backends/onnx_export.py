@@ -1,14 +1,18 @@
 """onnx-export: the torch-nn modules exported by torch.onnx.export(dynamo=True), run by ONNX Runtime.
 
 Users see what their exported models compute: the exporter picks the graph (RMSNorm decomposes into
-Pow/ReduceMean/Sqrt/... below opset 23 and becomes RMSNormalization at 23). The opset comes from
-NORMCONF_ONNX_OPSET (default 18). One export and one session serve every case of a signature: the
-leading dimensions are dynamic and the module's parameters and buffers are lifted to graph inputs.
-See docs/onnx.md.
+Pow/ReduceMean/Sqrt/... below opset 23 and becomes RMSNormalization at 23; GroupNorm is Reshape +
+InstanceNormalization + Reshape + Mul/Add below opset 21 and GroupNormalization-21 from 21; InstanceNorm
+is InstanceNormalization, and with running statistics in eval BatchNormalization over tiled
+statistics). The opset comes from NORMCONF_ONNX_OPSET (default 18; 21 or later for GroupNormalization):
+one variable for every op, so one run measures one opset and results record it (info: opset, graph).
+One export and one session serve every case of a signature: the batch and spatial dimensions are
+dynamic and the module's parameters and buffers are lifted to graph inputs. See docs/onnx.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import warnings
@@ -34,7 +38,7 @@ from conformance.adapter.backend import (
     Prepared,
     Unsupported,
 )
-from conformance.model.case import Case
+from conformance.model.case import CHANNEL_OPS, Case
 from conformance.model.dtypes import numpy_dtype
 
 OPSET_VARIABLE = "NORMCONF_ONNX_OPSET"
@@ -88,6 +92,7 @@ EXPORT_SECONDS: list[float] = []
 
 
 def _module(case: Case, dtype: torch.dtype) -> nn.Module:
+    # torch-nn's modules (GroupNorm and InstanceNorm included), every argument explicit.
     module = MODULES[case.op](case, dtype, torch.device("cpu"))
     return AddRMSNorm(module) if case.op == "add_rms_norm" else module
 
@@ -100,14 +105,14 @@ def _state_names(case: Case) -> dict[str, str]:
         names["weight"] = prefix + "weight"  # torch.nn's one affine switch: a bias-only case has ones
     if case.bias:
         names["bias"] = prefix + "bias"
-    if case.op == "batch_norm":
+    if case.track_running_stats:
         names.update(running_mean="running_mean", running_var="running_var")
     return names
 
 
 def _examples(case: Case, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], tuple[dict[int, Any], ...]]:
     """Example activations, every dimension the parameters do not fix dynamic, and their dynamic_shapes."""
-    fixed = {1} if case.op == "batch_norm" else set(range(len(case.shape) - case.norm_ndim, len(case.shape)))
+    fixed = {1} if case.op in CHANNEL_OPS else set(range(len(case.shape) - case.norm_ndim, len(case.shape)))
     dims = {i: torch.export.Dim(f"d{i}") for i in range(len(case.shape)) if i not in fixed}
     sizes = iter(_EXAMPLE_SIZES)
     shape = [case.shape[i] if i in fixed else next(sizes) for i in range(len(case.shape))]
@@ -187,7 +192,7 @@ def _summary(error: BaseException) -> str:
 def _check_outputs(case: Case, model: onnx.ModelProto) -> tuple[str, ...]:
     """The graph outputs, or Unsupported when the export cannot show the case's results."""
     outputs = tuple(o.name for o in model.graph.output)
-    wanted = {"add_rms_norm": 2, "batch_norm": 3 if case.training else 1}.get(case.op, 1)
+    wanted = 2 if case.op == "add_rms_norm" else 3 if case.training else 1
     if len(outputs) == wanted:
         return outputs
     modes = [
@@ -197,12 +202,20 @@ def _check_outputs(case: Case, model: onnx.ModelProto) -> tuple[str, ...]:
         for a in node.attribute
         if a.name == "training_mode"
     ]
+    computes = {
+        "batch_norm": f"BatchNormalization with training_mode={modes[0] if modes else 0}, which normalizes"
+        " with the running statistics and updates none",
+        "instance_norm": f"{'+'.join(dict.fromkeys(n.op_type for n in model.graph.node))}, which normalizes"
+        " with the instance statistics and updates none",
+    }
     raise Unsupported(
-        f"the export of a training-mode torch.nn BatchNorm has graph outputs {list(outputs)}, not y and"
-        f" the updated running statistics: torch.onnx (onnxscript {onnxscript.__version__}) exports it as"
-        f" BatchNormalization with training_mode={modes[0] if modes else 0}, which normalizes with the"
-        " running statistics and updates none"
+        f"the export of a training-mode torch.nn {_CLASSES[case.op]} has graph outputs {list(outputs)}, not"
+        f" y and the updated running statistics: torch.onnx (onnxscript {onnxscript.__version__}) exports"
+        f" it as {computes[case.op]}"
     )
+
+
+_CLASSES = {"batch_norm": "BatchNorm", "instance_norm": "InstanceNorm with track_running_stats"}
 
 
 def _check_valid(model: onnx.ModelProto) -> None:
@@ -223,27 +236,37 @@ class OnnxExport:
     def __init__(self) -> None:
         self._cache = _ort.Cache()
 
+    def target_opset(self) -> int:
+        """The opset exports target: NORMCONF_ONNX_OPSET, else 18."""
+        return opset()
+
     def capabilities(self) -> Capabilities:
-        target = opset()
+        target = self.target_opset()
         return _ort.capabilities(
-            frozenset(FEATURES) - {"backward"},
+            # ONNX tensors have no memory format: a channels_last case would export the contiguous graph.
+            frozenset(FEATURES) - {"backward", "channels_last"},
             {
                 "opset": f"{target} ({OPSET_VARIABLE}, default {DEFAULT_OPSET}, allowed {OPSETS.start}.."
                 f"{OPSETS.stop - 1})",
                 "exporter": f"torch.onnx.export(dynamo=True), torch {torch.__version__}, onnxscript"
                 f" {onnxscript.__version__}",
-                "training": "BatchNorm in training mode is Unsupported where the export has no running-"
-                "statistics outputs (torch 2.13 exports it in inference form)",
+                "training": "BatchNorm and InstanceNorm (track_running_stats) in training mode are"
+                " Unsupported where the export has no running-statistics outputs (torch 2.13 exports"
+                " BatchNorm in inference form, InstanceNorm as InstanceNormalization)",
+                "group_norm": "Reshape+InstanceNormalization+Reshape+Mul+Add below opset 21,"
+                " GroupNormalization-21 from 21 (NORMCONF_ONNX_OPSET); results record the graph",
+                "channels_last": "not declared: ONNX tensors have no memory format",
             },
         )
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
-        target = opset()
+        target = self.target_opset()
         values = _values(case, inputs)
         dtype = common.torch_dtype(str(values["weight"].dtype) if "weight" in values else case.weight_dtype)
         # What the export depends on; leading dimensions and parameter values are run-time inputs.
         key: tuple[object, ...] = (case.op, case.dtype, str(dtype), len(case.shape), case.param_shape)
         key += (case.norm_ndim, case.weight, case.bias, case.eps, case.training, case.momentum, target)
+        key += (case.num_groups, case.track_running_stats)
         exported, hit = self._cache.get(key, lambda: self._build(case, dtype, values, target))
         assert isinstance(exported, Exported), "the cache holds Exported entries"
         # Graph inputs carry the case's names (input_names at export): x, residual, then the state.
@@ -285,3 +308,16 @@ def _values(case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
     elif "weight" in _state_names(case) and not case.weight:
         values["weight"] = np.ones(case.param_shape, numpy_dtype(case.weight_dtype))
     return values
+
+
+class OnnxExportOpset21(OnnxExport):
+    """The export at opset 21, where GroupNorm becomes one GroupNormalization-21 node, run beside the
+    default opset-18 export; only group_norm, the op whose exported graph differs between the two."""
+
+    name = "onnx-export-opset21"
+
+    def target_opset(self) -> int:
+        return 21
+
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities(), ops=frozenset({"group_norm"}))

@@ -1,7 +1,8 @@
 """openvino, openvino-default: OpenVINO's CPU runtime running the suite's hand-built ONNX graphs.
 
 The graphs are backends/onnx_graphs.py's (LayerNormalization-17, RMSNormalization-23,
-BatchNormalization-15 inference and training, Add + RMSNormalization), with its PyTorch translations,
+BatchNormalization-15 inference and training, Add + RMSNormalization, GroupNormalization-21 or -18,
+InstanceNormalization with its running-statistics graphs), with its PyTorch translations,
 read by ``core.read_model`` from the serialized ModelProto and compiled for the "CPU" device in
 prepare(); a call runs the compiled model's InferRequest only.
 
@@ -161,7 +162,8 @@ class OpenVINO:
         return Capabilities(
             ops=_ort.OPS,
             dtypes=frozenset(DTYPES),
-            features=frozenset(FEATURES) - {"backward"},
+            # ONNX tensors have no memory format: a channels_last case would run the contiguous graph.
+            features=frozenset(FEATURES) - {"backward", "channels_last"},
             device="cpu",
             device_name=str(core.get_property(DEVICE, "FULL_DEVICE_NAME")),
             notes={
@@ -179,6 +181,12 @@ class OpenVINO:
                 " compile_s, 0 when cached); __call__ is one InferRequest.infer",
                 "bfloat16": "bfloat16 graphs run in f32 where the hint is f32; outputs are rounded to"
                 " bfloat16 by the plugin's Convert, which truncates when the kept last bit is even (ledger)",
+                "group_norm": "GroupNormalization-21 (or -18, NORMCONF_ORT_GROUP_NORM_OPSET), read as the"
+                " plugin's MVN plus a per-channel Eltwise; (N, C) input is Unsupported (the CPU plugin has no"
+                " GroupNormalization below rank 3)",
+                "instance_norm": "onnx_graphs' graphs: InstanceNormalization, BatchNormalization for eval"
+                " with running statistics, the training update composed of ReduceMean/ReduceSum",
+                "channels_last": "not declared: ONNX tensors have no memory format",
                 "batch_norm": "eps is held in x's dtype (float16(1e-12) = 0) and momentum in the parameters'"
                 " dtype; parameters wider than x are Unsupported (the frontend's BatchNormInference binds"
                 " their types)",
@@ -196,32 +204,32 @@ class OpenVINO:
         return self._prepare(case, inputs, default_eps=True)
 
     def _prepare(self, case: Case, inputs: Inputs, *, default_eps: bool) -> OpenVINOPrepared:
-        compute = graphs.scale_dtype(case, inputs)
+        chosen = graphs.plan(case, inputs, self.conventions)
         # What the graph depends on; leading dimensions and parameter values are run-time inputs.
-        key: tuple[object, ...] = (case.op, case.dtype, case.weight_dtype, compute)
+        key: tuple[object, ...] = (case.op, case.dtype, case.weight_dtype, chosen)
         key += (tuple(graphs.x_shape(case)), case.norm_ndim, case.bias, case.eps)
-        key += (case.training, case.momentum, default_eps)
-        built, hit = self._cache.get(key, lambda: self._compile(case, compute, default_eps))
+        key += (case.training, case.momentum, case.num_groups, case.track_running_stats, default_eps)
+        built, hit = self._cache.get(key, lambda: self._compile(case, chosen, default_eps))
         assert isinstance(built, Compiled), "the cache holds Compiled entries"
-        return OpenVINOPrepared(built, graphs.feeds(case, inputs, compute), hit)
+        return OpenVINOPrepared(built, graphs.feeds(case, inputs, chosen), hit)
 
-    def _compile(self, case: Case, compute: str, default_eps: bool) -> Compiled:
-        spec = graphs.build(case, compute, self.conventions)
+    def _compile(self, case: Case, chosen: graphs.Plan, default_eps: bool) -> Compiled:
+        spec = graphs.build(case, chosen, self.conventions)
         if default_eps:
             edits.drop_eps(spec)
         if self.policy.fenced:
             edits.fence(spec)
         model = spec.model()
-        onnx.checker.check_model(model, full_check=True)
-        what = f"{edits.ops(spec)} (opset {graphs.OPSETS[case.op]}) with x {case.dtype}, parameters {compute}"
+        checked = graphs.check(spec, model)
+        what = f"{edits.ops(spec)} (opset {chosen.opset}) with x {case.dtype}, parameters {chosen.compute}"
         start = time.perf_counter()  # reading and compiling: the work prepare() does once per signature
-        compiled = self._core.compile_model(_read(self._core, model, what), DEVICE, dict(self.policy.config))
+        compiled = self._compile_model(_read(self._core, model, what), what)
         seconds = time.perf_counter() - start
         nodes = precision.runtime_nodes(compiled)
         info: Info = {
             "openvino": ov.__version__,
             "device": DEVICE,
-            "opset": graphs.OPSETS[case.op],
+            "opset": chosen.opset,
             "graph": edits.ops(spec),
             "compile_s": round(seconds, 4),
             "requested_precision": self.policy.requested,
@@ -229,11 +237,26 @@ class OpenVINO:
             "norm_lowered": precision.lowered(nodes, case.dtype),
             "threads": int(compiled.get_property("INFERENCE_NUM_THREADS")),
         }
-        if case.op == "batch_norm":
-            info["onnx_momentum"] = self.conventions.onnx_momentum(case)
+        info |= {k: v for k, v in graphs.graph_info(spec, self.conventions).items() if k != "ort_kernel"}
+        info |= checked
         if default_eps:
             info["eps"] = "ONNX default (attribute omitted)"
         return Compiled(compiled, dict(spec.outputs), info)
+
+    def _compile_model(self, model: ov.Model, what: str) -> Any:
+        """The compiled model; an op the CPU plugin has no implementation for is Unsupported, naming it
+        (GroupNormalization on (N, C) input: the plugin runs it for rank 3 and up only)."""
+        try:
+            return self._core.compile_model(model, DEVICE, dict(self.policy.config))
+        except RuntimeError as error:
+            unsupported = [
+                line.strip() for line in str(error).splitlines() if "Unsupported operation" in line
+            ]
+            if not unsupported:
+                raise
+            raise Unsupported(
+                f"OpenVINO {ov.__version__} {DEVICE} plugin cannot compile {what}: {unsupported[0]}"
+            ) from error
 
 
 class OpenVINODefault(OpenVINO):

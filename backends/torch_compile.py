@@ -1,8 +1,9 @@
 """torch-compile: the torch.nn modules' computations through torch.compile (inductor), forward and backward.
 
-torch.nn.LayerNorm / RMSNorm / BatchNorm call F.layer_norm / F.rms_norm / F.batch_norm with their
-parameters; here those calls are compiled with ``dynamic=True`` (sizes symbolic, the normalized shape
-read from x) and ``fullgraph=True`` (a graph break is an error, never a silent eager fallback). One
+torch.nn.LayerNorm / RMSNorm / BatchNorm / GroupNorm / InstanceNorm call F.layer_norm / F.rms_norm /
+F.batch_norm / F.group_norm / F.instance_norm with their parameters; here those calls are compiled
+with ``dynamic=True`` (sizes symbolic, the normalized shape read from x) and ``fullgraph=True`` (a
+graph break is an error, never a silent eager fallback). One
 compiled function per (op, dtype, parameter signature, grad) serves every shape of that key; eps (an
 aten constant) and size-1 dims still specialize, each a guarded recompile inside the key. Compilation
 happens in prepare() (its first call, never timed) and is reported by info().
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import os
 import time
 import types
@@ -31,11 +33,13 @@ import torch.nn.functional as F
 from backends import _torch_common as common
 from backends._translate import offset_scale
 from conformance.adapter.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Outputs, Prepared
-from conformance.model.case import Case
+from conformance.model.case import GROUP_OPS, Case
 from conformance.model.inputs import make_inputs
 
 # BatchNorm's ci grid alone is ~136 separate inductor graphs (layouts x train/eval x momentum and eps
-# constants x dtypes x grad), minutes of C++ compilation on a small machine: declared only on request.
+# constants x dtypes x grad), minutes of C++ compilation on a small machine; GroupNorm/InstanceNorm's
+# is ~280 (num_groups, memory layouts, InstanceNorm's modes and momenta, affine variants, dtypes, eps
+# constants, grad), about two graphs per case, each seconds of C++ compilation: declared only on request.
 OPS_VARIABLE = "NORMCONF_TORCH_COMPILE_OPS"
 DEFAULT_OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm"})
 # Recompiles one key may take (eps values x size-1 specializations); past it dynamo raises instead of
@@ -46,8 +50,8 @@ NOTES = {
     " per (op, dtype, parameter signature, grad) shared by every shape; eps and size-1 dims recompile",
     "info": "compile_s (canonical compile + first call of a prepare that compiled; 0 when cached),"
     " graphs_compiled, compile_key, compiled_on (the canonical shape the graph was compiled on)",
-    "ops": f"{OPS_VARIABLE} (default layer_norm,rms_norm,add_rms_norm; 'all' adds batch_norm, whose ci"
-    " grid is ~136 more inductor graphs)",
+    "ops": f"{OPS_VARIABLE} (default layer_norm,rms_norm,add_rms_norm; 'all' adds batch_norm, group_norm"
+    " and instance_norm, whose ci grids are ~136 and ~280 more inductor graphs)",
 }
 
 
@@ -73,11 +77,31 @@ def _batch_norm(
     return F.batch_norm(x, mean, var, weight, bias, training, momentum, eps)
 
 
+def _group_norm(x: torch.Tensor, weight: Any, bias: Any, eps: float, num_groups: int) -> torch.Tensor:
+    # dynamo specializes num_groups (a guard on its value), so it is part of the compile key.
+    return F.group_norm(x, num_groups, weight, bias, eps)
+
+
+def _instance_norm(
+    x: torch.Tensor,
+    mean: Any,
+    var: Any,
+    weight: Any,
+    bias: Any,
+    use_input_stats: bool,
+    momentum: float,
+    eps: float,
+) -> torch.Tensor:
+    return F.instance_norm(x, mean, var, weight, bias, use_input_stats, momentum, eps)
+
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "layer_norm": _layer_norm,
     "rms_norm": _rms_norm,
     "add_rms_norm": _add_rms_norm,
     "batch_norm": _batch_norm,
+    "group_norm": _group_norm,
+    "instance_norm": _instance_norm,
 }
 
 
@@ -93,12 +117,30 @@ CACHE_SUBDIR = "normconf-torch-compile-1"
 
 def _canonical(case: Case) -> Case:
     """The case on which its graph is compiled: same fields, rank and size-1 dims, canonical sizes."""
+    if case.op in GROUP_OPS:
+        return _canonical_groups(case)
     fixed = {1} if case.op == "batch_norm" else set(range(len(case.shape) - case.norm_ndim, len(case.shape)))
     features, rows = iter(CANONICAL_FEATURES), iter(CANONICAL_ROWS)
     shape = tuple(
         1 if size == 1 else next(features) if i in fixed else next(rows) for i, size in enumerate(case.shape)
     )
     return dataclasses.replace(case, shape=shape, dist="normal", seed=0)
+
+
+def _canonical_groups(case: Case) -> Case:
+    """GroupNorm/InstanceNorm: the batch and spatial dims take the canonical row sizes; InstanceNorm's
+    channels the first feature size. GroupNorm keeps num_groups (dynamo specializes it, so it is in
+    the key) and C = G where the case has one channel per group (then C // G = 1 is specialized too),
+    else the smallest multiple 2G.. of G that no other canonical dim has (duck sizing would otherwise
+    tie the two)."""
+    rows = iter(CANONICAL_ROWS)
+    shape = [1 if size == 1 else next(rows) for size in (case.shape[0], *case.shape[2:])]
+    channels = case.shape[1]
+    if case.op == "instance_norm":
+        channels = 1 if channels == 1 else CANONICAL_FEATURES[0]
+    elif channels != case.groups:
+        channels = next(k * case.groups for k in itertools.count(2) if k * case.groups not in CANONICAL_ROWS)
+    return dataclasses.replace(case, shape=(shape[0], channels, *shape[1:]), dist="normal", seed=0)
 
 
 def _cache_dir() -> str:
@@ -157,8 +199,33 @@ def _batch_norm_forward(
     return forward
 
 
+def _group_norm_forward(case: Case, t: common.Tensors, fn: Callable[..., Any]) -> common.Forward:
+    return lambda: fn(t.x, t.weight, t.bias, case.eps, case.groups)
+
+
+def _instance_norm_forward(case: Case, t: common.Tensors, fn: Callable[..., Any]) -> common.Forward:
+    # momentum None -> 1.0: exact for the one step of a call (common.first_step_momentum); a constant
+    # of the graph, as eps is.
+    momentum = common.first_step_momentum(case.momentum)
+    args = (t.x, t.running_mean, t.running_var, t.weight, t.bias, case.uses_batch_stats, momentum, case.eps)
+    return lambda: fn(*args)
+
+
+def _instance_norm_stats(case: Case, t: common.Tensors) -> common.RunningStats | None:
+    """The running statistics a training call updates in place (F.instance_norm keeps no batch count)."""
+    if not case.training:
+        return None
+    assert t.running_mean is not None and t.running_var is not None, "training needs tracking"
+    return common.RunningStats(t.running_mean, t.running_var, torch.zeros((), dtype=torch.long))
+
+
 def _build(case: Case, t: common.Tensors, fn: Callable[..., Any]) -> common.TorchPrepared:
     """The Prepared of ``case`` on ``fn`` (compiled, or the plain function for torch's dtype probe)."""
+    if case.op == "group_norm":
+        return common.library_prepared(case, t, _group_norm_forward(case, t, fn), t.weight, t.bias)
+    if case.op == "instance_norm":
+        forward, stats = _instance_norm_forward(case, t, fn), _instance_norm_stats(case, t)
+        return common.library_prepared(case, t, forward, t.weight, t.bias, stats=stats)
     if case.op != "batch_norm":
         return common.library_prepared(case, t, _row_forward(case, t, fn), t.weight, t.bias)
     count = torch.zeros((), dtype=torch.long, device=t.x.device)  # torch.nn's num_batches_tracked
@@ -260,7 +327,7 @@ class TorchCompile:
     name = "torch-compile"
 
     def __init__(self) -> None:
-        self._compiled: dict[tuple[str, str, bool, int, bool], Callable[..., Any]] = {}
+        self._compiled: dict[tuple[str, str, bool, int, bool, str], Callable[..., Any]] = {}
         self._warmed: set[tuple[Case, bool]] = set()  # canonical cases already run, per grad
         self._cache = _cache_dir()  # before anything compiles
 
@@ -271,11 +338,15 @@ class TorchCompile:
         return dataclasses.replace(caps, ops=declared_ops())
 
     def _function(self, case: Case, t: common.Tensors, grad: bool) -> tuple[Callable[..., Any], str]:
-        key = (case.op, _signature(t), grad, case.norm_ndim, case.training)
+        # dynamo guards on GroupNorm's num_groups (specialized) and on the strides a layout gives, so
+        # each gets its own compiled function and canonical compile.
+        extra = f"|layout={case.layout}" if case.op in GROUP_OPS else ""
+        extra = f"|groups={case.groups}{extra}" if case.op == "group_norm" else extra
+        key = (case.op, _signature(t), grad, case.norm_ndim, case.training, extra)
         if key not in self._compiled:
             fresh = _fresh(FUNCTIONS[case.op], len(self._compiled))
             self._compiled[key] = torch.compile(fresh, backend="inductor", dynamic=True, fullgraph=True)
-        label = f"{case.op}|{key[1]}|grad={grad}|ndim={case.norm_ndim}|train={case.training}"
+        label = f"{case.op}|{key[1]}|grad={grad}|ndim={case.norm_ndim}|train={case.training}{extra}"
         return self._compiled[key], label
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:

@@ -2,6 +2,7 @@
 
 LayerNorm and BatchNorm compute their statistics in the activation dtype, as the seeds write them;
 RMSNorm upcasts to float32 first. The suite is meant to show what that costs, so nothing is fixed here.
+GroupNorm and InstanceNorm (no seed) are written in torch ops with float32-or-wider statistics.
 """
 
 from __future__ import annotations
@@ -130,6 +131,96 @@ class BatchNorm(nn.Module):
         return common.RunningStats(self.running_mean, self.running_var, self.num_batches_tracked)
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """x in float32, or wider (float64 stays float64): where GroupNorm/InstanceNorm statistics live."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+class GroupNorm(nn.Module):
+    """GroupNorm over (N, C, spatial...): per sample, mean and biased variance of each group of C/G
+    channels and all their spatial values, in float32 or wider; per-channel weight and bias."""
+
+    def __init__(
+        self,
+        num_groups: int,
+        eps: float = 1e-5,
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_groups = num_groups
+        self.eps = eps
+        self.weight = _parameter(weight)
+        self.bias = _parameter(bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._affine(self._normalize(x), x.dtype)
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        # (N, G, C/G * spatial): one row per group (a copy for channels-last x, whose groups are strided).
+        groups = _wide(x).reshape(x.shape[0], self.num_groups, -1)
+        mean = groups.mean(dim=-1, keepdim=True)
+        var = groups.var(dim=-1, unbiased=False, keepdim=True)
+        return ((groups - mean) / torch.sqrt(var + self.eps)).reshape(x.shape)
+
+    def _affine(self, xhat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        shape = (1, -1) + (1,) * (xhat.ndim - 2)  # broadcasts a per-channel (C,) over axis 1
+        for param in (self.weight, self.bias):
+            # The affine in the wide dtype, one rounding at the end; the result takes PyTorch's type
+            # promotion of x and the parameters, as the seed LayerNorm/BatchNorm's does.
+            if param is not None:
+                dtype = torch.promote_types(dtype, param.dtype)
+        if self.weight is not None:
+            xhat = xhat * self.weight.reshape(shape)
+        if self.bias is not None:
+            xhat = xhat + self.bias.reshape(shape)
+        return xhat.to(dtype)
+
+
+class InstanceNorm(GroupNorm):
+    """InstanceNorm: GroupNorm with one channel per group, plus torch's optional running statistics
+    (training updates them from the instance statistics; eval with them normalizes by them)."""
+
+    running_mean: torch.Tensor | None
+    running_var: torch.Tensor | None
+    num_batches_tracked: torch.Tensor
+
+    def __init__(self, tensors: common.Tensors, eps: float = 1e-5, momentum: float | None = 0.1) -> None:
+        super().__init__(tensors.x.shape[1], eps, tensors.weight, tensors.bias)
+        self.momentum = momentum
+        for name in ("running_mean", "running_var"):
+            value = getattr(tensors, name)
+            self.register_buffer(name, None if value is None else value.detach().clone())
+        self.register_buffer(
+            "num_batches_tracked", torch.zeros((), dtype=torch.long, device=tensors.x.device)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.running_mean is None or self.running_var is None or self.training:
+            if self.training:
+                with torch.no_grad():
+                    self._update(x)
+            return super().forward(x)
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        mean, var = _wide(self.running_mean).reshape(shape), _wide(self.running_var).reshape(shape)
+        return self._affine((_wide(x) - mean) / torch.sqrt(var + self.eps), x.dtype)
+
+    def _update(self, x: torch.Tensor) -> None:
+        assert self.running_mean is not None and self.running_var is not None, "training needs tracking"
+        # Per instance over its spatial values; the running variance takes the unbiased variances.
+        instances = _wide(x).reshape(x.shape[0], x.shape[1], -1)
+        mean = instances.mean(dim=-1).mean(dim=0)
+        unbiased_var = instances.var(dim=-1, unbiased=True).mean(dim=0)
+        # torch.nn's momentum rule (None: the cumulative average); formed wide, rounded once.
+        m = common.momentum_factor(self.momentum, self.num_batches_tracked)
+        for running, batch in ((self.running_mean, mean), (self.running_var, unbiased_var)):
+            running.copy_((1 - m) * _wide(running) + m * batch)
+
+    def stats(self) -> common.RunningStats:
+        assert self.running_mean is not None and self.running_var is not None, "training needs tracking"
+        return common.RunningStats(self.running_mean, self.running_var, self.num_batches_tracked)
+
+
 def _eps(case: Case, default_eps: bool) -> dict[str, float]:
     """``eps=case.eps``, or nothing when the fingerprint asks for the seed module's default eps."""
     return {} if default_eps else {"eps": case.eps}
@@ -152,6 +243,18 @@ def _batch_norm(case: Case, tensors: common.Tensors, default_eps: bool = False) 
     return _prepared(case, tensors, module, module.weight, module.bias, stats=stats)
 
 
+def _group_norm(case: Case, tensors: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    eps = _eps(case, default_eps)
+    module = GroupNorm(case.groups, weight=tensors.weight, bias=tensors.bias, **eps)
+    return _prepared(case, tensors, module, module.weight, module.bias)
+
+
+def _instance_norm(case: Case, tensors: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    module = InstanceNorm(tensors, momentum=case.momentum, **_eps(case, default_eps)).train(case.training)
+    stats = module.stats() if case.training else None
+    return _prepared(case, tensors, module, module.weight, module.bias, stats=stats)
+
+
 def _prepared(
     case: Case,
     tensors: common.Tensors,
@@ -166,7 +269,9 @@ def _prepared(
         return y
 
     wrt = common.gradient_targets(case, tensors.x, weight, bias)
-    return common.TorchPrepared(forward, tensors, wrt, stats=stats)
+    prepared = common.TorchPrepared(forward, tensors, wrt, stats=stats)
+    prepared.described.update(common.layout_info(case, tensors))
+    return prepared
 
 
 # Each build takes default_eps: True leaves eps out, so the seed module's own default applies.
@@ -176,6 +281,8 @@ _BUILD: dict[str, Callable[[Case, common.Tensors, bool], common.TorchPrepared]] 
     "batch_norm": _batch_norm,
     # The eager composition: x + residual in the activation dtype, then the seed RMSNorm.
     "add_rms_norm": _rms_norm,
+    "group_norm": _group_norm,
+    "instance_norm": _instance_norm,
 }
 
 
@@ -188,7 +295,11 @@ class TorchEager:
         # Type promotion lets the seed modules take any activation/parameter dtype mix.
         return common.capabilities(
             frozenset(FEATURES),
-            {"statistics": "LayerNorm/BatchNorm in the activation dtype; RMSNorm in float32 or wider"},
+            {
+                "statistics": "LayerNorm/BatchNorm in the activation dtype; RMSNorm, GroupNorm and"
+                " InstanceNorm in float32 or wider",
+                "channels_last": common.LIBRARY_NOTES["channels_last"],
+            },
         )
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:

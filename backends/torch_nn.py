@@ -1,8 +1,10 @@
-"""torch-nn (torch.nn.LayerNorm, RMSNorm, BatchNorm1d/2d/3d) and torch-functional (torch.nn.functional).
+"""torch-nn (torch.nn.LayerNorm, RMSNorm, BatchNorm1d/2d/3d, GroupNorm, InstanceNorm1d/2d/3d) and
+torch-functional (torch.nn.functional).
 
 Every constructor and call argument is explicit. Conventions torch lacks are translated exactly:
 Gemma's weight offset becomes the weight ``1 + w`` (``_torch_common.offset_scale``), and torch.nn's
-bias-without-weight gets a frozen weight of ones.
+bias-without-weight gets a frozen weight of ones. torch.nn.InstanceNorm gets momentum as the case
+gives it, None included, so the suite sees what the module does with it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ _BATCH_NORMS: dict[int, type[nn.modules.batchnorm._BatchNorm]] = {
     3: nn.BatchNorm1d,
     4: nn.BatchNorm2d,
     5: nn.BatchNorm3d,
+}
+_INSTANCE_NORMS: dict[int, type[nn.modules.instancenorm._InstanceNorm]] = {
+    3: nn.InstanceNorm1d,
+    4: nn.InstanceNorm2d,
+    5: nn.InstanceNorm3d,
 }
 
 
@@ -95,12 +102,51 @@ def batch_norm_module(
     return module.train(case.training)
 
 
+def group_norm_module(
+    case: Case, dtype: torch.dtype, device: torch.device, *, default_eps: bool = False
+) -> nn.GroupNorm:
+    """torch.nn.GroupNorm with the case's groups over its channels, every argument explicit."""
+    return nn.GroupNorm(
+        case.groups,
+        case.shape[1],
+        **_eps(case, default_eps),
+        affine=case.weight or bool(case.bias),
+        bias=bool(case.bias),
+        device=device,
+        dtype=dtype,
+    )
+
+
+def instance_norm_module(
+    case: Case, dtype: torch.dtype, device: torch.device, *, default_eps: bool = False
+) -> nn.modules.instancenorm._InstanceNorm:
+    """torch.nn.InstanceNorm1d/2d/3d by input rank, in the case's mode, every argument explicit."""
+    cls = _INSTANCE_NORMS.get(len(case.shape))
+    if cls is None:
+        raise Unsupported(f"torch.nn has InstanceNorm1d/2d/3d for 3-D to 5-D input; shape={case.shape}")
+    module = cls(
+        case.shape[1],
+        **_eps(case, default_eps),
+        # Untranslated: the module passes 0.0 to F.instance_norm for None (its running statistics then
+        # never move), where the reference takes the cumulative average; the suite reports it.
+        momentum=case.momentum,  # type: ignore[arg-type]
+        affine=case.weight or bool(case.bias),
+        track_running_stats=bool(case.track_running_stats),
+        device=device,
+        dtype=dtype,
+        bias=bool(case.bias),
+    )
+    return module.train(case.training)
+
+
 # The module of each op (add_rms_norm: x + residual in the activation dtype, then nn.RMSNorm).
 MODULES: dict[str, Callable[[Case, torch.dtype, torch.device], nn.Module]] = {
     "layer_norm": layer_norm_module,
     "rms_norm": rms_norm_module,
     "batch_norm": batch_norm_module,
     "add_rms_norm": rms_norm_module,
+    "group_norm": group_norm_module,
+    "instance_norm": instance_norm_module,
 }
 
 
@@ -120,10 +166,22 @@ def _nn_batch_norm(case: Case, tensors: common.Tensors, default_eps: bool = Fals
     return _prepared(case, tensors, module, module.weight, module.bias, stats if case.training else None)
 
 
-def _load_stats(module: nn.modules.batchnorm._BatchNorm, tensors: common.Tensors) -> common.RunningStats:
+def _nn_group_norm(case: Case, tensors: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    module = group_norm_module(case, _dtype(case, tensors), tensors.x.device, default_eps=default_eps)
+    return _prepared(case, tensors, module, module.weight, module.bias)
+
+
+def _nn_instance_norm(case: Case, tensors: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    module = instance_norm_module(case, _dtype(case, tensors), tensors.x.device, default_eps=default_eps)
+    # Eval with running statistics reads them; only a training call updates (and resets) them.
+    stats = _load_stats(module, tensors) if case.track_running_stats else None
+    return _prepared(case, tensors, module, module.weight, module.bias, stats if case.training else None)
+
+
+def _load_stats(module: nn.modules.batchnorm._NormBase, tensors: common.Tensors) -> common.RunningStats:
     running_mean, running_var, count = module.running_mean, module.running_var, module.num_batches_tracked
     assert running_mean is not None and running_var is not None and count is not None, "stats are tracked"
-    assert tensors.running_mean is not None and tensors.running_var is not None, "BN inputs lack stats"
+    assert tensors.running_mean is not None and tensors.running_var is not None, "inputs lack stats"
     with torch.no_grad():
         running_mean.copy_(tensors.running_mean)
         running_var.copy_(tensors.running_var)
@@ -161,6 +219,8 @@ _NN: dict[str, EpsBuild] = {
     "batch_norm": _nn_batch_norm,
     # add_rms_norm composed: x + residual in the activation dtype, then nn.RMSNorm.
     "add_rms_norm": _nn_rms_norm,
+    "group_norm": _nn_group_norm,
+    "instance_norm": _nn_instance_norm,
 }
 
 
@@ -170,7 +230,11 @@ class TorchNN:
     name = "torch-nn"
 
     def capabilities(self) -> Capabilities:
-        return common.capabilities(frozenset(FEATURES), common.LIBRARY_NOTES)
+        notes = {
+            **common.LIBRARY_NOTES,
+            "momentum": "passed as the case gives it; nn.InstanceNorm hands None to F.instance_norm as 0.0",
+        }
+        return common.capabilities(frozenset(FEATURES), notes)
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
         return common.prepare_library(_build(_NN[case.op]), case, inputs, grad=grad)
@@ -225,11 +289,51 @@ def _functional_batch_norm(case: Case, t: common.Tensors, default_eps: bool = Fa
     return common.library_prepared(case, t, forward, t.weight, t.bias, stats=stats)
 
 
+def _functional_group_norm(case: Case, t: common.Tensors, default_eps: bool = False) -> common.TorchPrepared:
+    eps = _eps(case, default_eps)
+
+    def forward() -> torch.Tensor:
+        return F.group_norm(t.x, case.groups, weight=t.weight, bias=t.bias, **eps)
+
+    return common.library_prepared(case, t, forward, t.weight, t.bias)
+
+
+def _functional_instance_norm(
+    case: Case, t: common.Tensors, default_eps: bool = False
+) -> common.TorchPrepared:
+    eps = _eps(case, default_eps)
+    # momentum None -> 1.0: exact, every call being the cumulative average's first step (see
+    # first_step_momentum); read by F.instance_norm only when it updates running statistics.
+    momentum = common.first_step_momentum(case.momentum)
+
+    def forward() -> torch.Tensor:
+        # Running statistics are None without tracking; with them, use_input_stats=False is eval.
+        return F.instance_norm(
+            t.x,
+            t.running_mean,
+            t.running_var,
+            weight=t.weight,
+            bias=t.bias,
+            use_input_stats=case.uses_batch_stats,
+            momentum=momentum,
+            **eps,
+        )
+
+    stats = None
+    if case.training:
+        assert t.running_mean is not None and t.running_var is not None, "training needs tracking"
+        # A batch count only for RunningStats' reset: F.instance_norm keeps none.
+        stats = common.RunningStats(t.running_mean, t.running_var, torch.zeros((), dtype=torch.long))
+    return common.library_prepared(case, t, forward, t.weight, t.bias, stats=stats)
+
+
 _FUNCTIONAL: dict[str, EpsBuild] = {
     "layer_norm": _functional_layer_norm,
     "rms_norm": _functional_rms_norm,
     "batch_norm": _functional_batch_norm,
     "add_rms_norm": _functional_rms_norm,
+    "group_norm": _functional_group_norm,
+    "instance_norm": _functional_instance_norm,
 }
 
 
@@ -239,10 +343,18 @@ class TorchFunctional:
     name = "torch-functional"
 
     def capabilities(self) -> Capabilities:
-        return common.capabilities(frozenset(FEATURES), common.LIBRARY_NOTES)
+        notes = {
+            **common.LIBRARY_NOTES,
+            "momentum": "None: BatchNorm keeps torch.nn's batch count; InstanceNorm gets 1.0, exact for the"
+            " one step of a call",
+        }
+        return common.capabilities(frozenset(FEATURES), notes)
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
-        return common.prepare_library(_build(_FUNCTIONAL[case.op]), case, inputs, grad=grad)
+        # The functions take weight=None with a bias, which torch.nn never passes: torch's answer on
+        # whether the backward runs so is asked (F.group_norm's fails on the CPU in torch 2.13).
+        build = _build(_FUNCTIONAL[case.op])
+        return common.prepare_library(build, case, inputs, grad=grad, weightless=True)
 
     def prepare_default_eps(self, case: Case, inputs: Inputs) -> Prepared:
         """The fingerprint's hook: the function called without eps (its own default)."""

@@ -4,9 +4,10 @@ Usage: python scripts/bench_tables.py BENCH.json [--noise SECOND.json] [--interp
 
 Prints the session (device, threads, copy roofline), then: LayerNorm vs RMSNorm time per backend and
 dtype; fused vs composed add+RMSNorm; float32 vs half precision (what statistics precision costs);
-the best and worst roofline fractions; and with --noise, how far the medians of two identical runs
-lie apart. Shapes are grouped by rows: decode (<= 16 rows), mid, large (>= 2048 rows, memory-bound).
-Ratios over a group are geometric means; "roofline" is GB/s over the session's copy GB/s.
+GroupNorm and InstanceNorm per image shape; the best and worst roofline fractions; and with --noise,
+how far the medians of two identical runs lie apart. Row-op shapes are grouped by rows: decode
+(<= 16 rows), mid, large (>= 2048 rows, memory-bound); GroupNorm/InstanceNorm shapes form their own
+group, "image". Ratios over a group are geometric means; "roofline" is GB/s over the session's copy GB/s.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 
 GROUPS = ("decode", "mid", "large")
 HALF = ("bfloat16", "float16")
+# Ops on (N, C, spatial...) images whose normalization groups are channel groups of each sample.
+IMAGE_OPS = ("group_norm", "instance_norm")
 # Backends that run add + RMSNorm as one fused kernel; the torch eager/library ones compose two ops.
 FUSED = ("torch-compile", "onnxruntime", "onnx-export", "triton")
 
@@ -38,6 +41,7 @@ class Rec:
     gbps: float
     roofline: float
     nbytes: int
+    groups: int = 1  # channel groups per sample of GroupNorm (InstanceNorm: one per channel)
 
     @property
     def rows(self) -> int:
@@ -45,6 +49,9 @@ class Rec:
 
     @property
     def group(self) -> str:
+        if self.op in IMAGE_OPS:
+            # Rows of (N, C, H, W) are not normalization groups; image shapes are compared apart.
+            return "image"
         return "decode" if self.rows <= 16 else "large" if self.rows >= 2048 else "mid"
 
     @property
@@ -71,9 +78,17 @@ def load(path: str, interpreted: bool = False) -> tuple[dict[str, Any], list[Rec
                 extra["gbps"],
                 extra["roofline_fraction"],
                 extra["bytes"],
+                _groups(case),
             )
         )
     return data, recs
+
+
+def _groups(case: dict[str, Any]) -> int:
+    """Channel groups per sample: GroupNorm's num_groups, InstanceNorm's channels, else 1."""
+    if case["op"] == "instance_norm":
+        return int(case["shape"][1])
+    return int(case.get("num_groups") or 1)
 
 
 def geomean(values: Iterable[float]) -> float:
@@ -191,6 +206,27 @@ def precision(recs: list[Rec]) -> list[str]:
     return table(head, rows)
 
 
+def _image_order(r: Rec) -> tuple[bool, str, str, int, tuple[int, ...], int]:
+    """Forward first, then backend, op, size, and float32 before the half dtypes."""
+    dtypes = ["float32", "bfloat16", "float16"]
+    rank = dtypes.index(r.dtype) if r.dtype in dtypes else len(dtypes)
+    return (r.check != "forward", r.backend, r.op, math.prod(r.shape), r.shape, rank)
+
+
+def images(recs: list[Rec]) -> list[str]:
+    """GroupNorm and InstanceNorm per shape: time, GB/s, roofline, and time over float32's."""
+    by = index(recs)
+    rows = []
+    for r in sorted((r for r in recs if r.op in IMAGE_OPS), key=_image_order):
+        full = by.get((r.backend, r.check, r.op, "float32", r.shape))
+        versus = "-" if full is None or r.dtype == "float32" else ratio(r.median_s / full.median_s)
+        rows.append([r.check, r.backend, r.op, r.shape_text, str(r.groups), r.dtype,
+                     f"{r.median_s * 1e3:.3f}", f"{r.gbps:.2f}", pct(r.roofline), versus])  # fmt: skip
+    head = ["check", "backend", "op", "shape", "groups", "dtype", "median ms", "GB/s", "roofline",
+            "t / t(fp32)"]  # fmt: skip
+    return table(head, rows)
+
+
 def extremes(recs: list[Rec], count: int = 5) -> list[str]:
     """The ``count`` highest and lowest roofline fractions among ``recs``."""
     ranked = sorted(recs, key=lambda r: r.roofline)
@@ -225,7 +261,7 @@ def noise(first: list[Rec], second: list[Rec]) -> list[str]:
                 abs((twin.median_s / pair[1].median_s) / (r.median_s / pair[0].median_s) - 1)
             )
     rows = []
-    for group in (*GROUPS, "all", "LN/RMS ratio"):
+    for group in (*GROUPS, "image", "all", "LN/RMS ratio"):
         values = sorted(spreads.get(group, []))
         if not values:
             continue
@@ -275,6 +311,10 @@ def main() -> None:
             fused_vs_composed(recs),
         ),
         ("Half precision vs float32 (time ratio; bytes say 0.5)", precision(recs)),
+        (
+            "GroupNorm and InstanceNorm per image shape (t / t(fp32): half precision; bytes say 0.5)",
+            images(recs),
+        ),
         ("Best and worst roofline fractions, every shape (cache-resident ones exceed 100%)", extremes(recs)),
         (
             f"Best and worst roofline fractions, memory-bound benchmarks (>= {args.dram_mib:g} MiB moved)",

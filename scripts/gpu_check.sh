@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU check of the triton backend, for a CUDA machine: the conformance run over the ci profile with
-# the kernels compiled natively, then forward and forward+backward timings (bf16, fp16 at 4096x4096
-# and 4096x8192, against torch-functional) with GB/s. Everything lands in one folder.
+# the kernels compiled natively (LayerNorm, RMSNorm, add+RMSNorm, GroupNorm, InstanceNorm), then forward
+# and forward+backward timings (bf16, fp16; rows 4096x4096 and 4096x8192; GroupNorm with 32 groups and
+# InstanceNorm on 2x320x32x32 and 4x64x64x64; against torch-functional) with GB/s. Everything lands in
+# one folder.
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]          (default .normconf/gpu-check; the device tool: $OUT)
 #
@@ -52,13 +54,14 @@ grep -A3 '^triton' "$OUT_DIR/backends.txt" | grep -q 'device cuda' \
     || { echo "the triton backend is not running natively on the GPU"; exit 4; }
 
 step "conformance: triton, ci profile, native"
-timeout 330 "$VENV/bin/python" -m pytest conformance --backend triton --profile ci -n "$WORKERS" \
+timeout 300 "$VENV/bin/python" -m pytest conformance --backend triton --profile ci -n "$WORKERS" \
     -p no:cacheprovider -q --results "$OUT_DIR/conformance.jsonl" | tail -n 15
 status=${PIPESTATUS[0]}
 
 step "timings: forward, forward+backward"
-timeout 150 "$VENV/bin/python" scripts/triton_timings.py --out "$OUT_DIR" \
-    --shapes 4096x4096,4096x8192 --dtypes bfloat16,float16 --backends triton,torch-functional
+timeout 180 "$VENV/bin/python" scripts/triton_timings.py --out "$OUT_DIR" \
+    --shapes 4096x4096,4096x8192 --group-shapes 2x320x32x32,4x64x64x64 --groups 32 \
+    --dtypes bfloat16,float16 --backends triton,torch-functional
 
 step "done: conformance exit status $status; files in $OUT_DIR"
 ls -l "$OUT_DIR"

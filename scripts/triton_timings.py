@@ -1,37 +1,44 @@
 """Forward and forward+backward timings of the triton backend and a baseline, with GB/s.
 
 Usage: python scripts/triton_timings.py --out DIR [--shapes 4096x4096,4096x8192] [--dtypes bfloat16,float16]
+           [--group-shapes 2x320x32x32,4x64x64x64] [--groups 32] [--ops layer_norm,group_norm,...]
            [--backends triton,torch-functional] [--reps 20]
 
 Same cases and ``prepare()`` as the conformance run; only ``call(); synchronize()`` is timed. On a GPU
 each repetition is timed with CUDA events after a 256 MiB write that evicts x, dy and the outputs from
-L2, so the figures are HBM figures. Byte model (activations only): forward LN/RMS read x and write y,
-add_rms_norm moves 4 tensors; the backward call runs forward and backward, adding read x, dy and
-write dx. ``roofline`` is GB/s over a device-to-device copy measured in the same run.
+L2, so the figures are HBM figures. Byte model (activations only): forward LN/RMS/GN/IN read x and write
+y, add_rms_norm moves 4 tensors; the backward call runs forward and backward, adding read x, dy and
+write dx. ``roofline`` is GB/s over a device-to-device copy measured in the same run. ``--shapes`` are
+(rows x columns) for the row ops, ``--group-shapes`` (N x C x spatial...) for GroupNorm (``--groups``
+groups) and InstanceNorm (instance statistics). A backend that does not support a case is left out of
+the table with its reason printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from conformance import Case
+from conformance import Case, Unsupported
 from conformance.adapter import registry
 from conformance.model.dtypes import numpy_dtype
 from conformance.model.inputs import make_inputs
 
-OPS = ("layer_norm", "rms_norm", "add_rms_norm")
+ROW_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
+GROUP_OPS = ("group_norm", "instance_norm")
+EPS = {"rms_norm": 1e-6, "add_rms_norm": 1e-6}  # the others: 1e-5
 
 
 def activation_bytes(case: Case, grad: bool) -> int:
-    per_tensor = case.rows * case.shape[-1] * numpy_dtype(case.dtype).itemsize
+    per_tensor = math.prod(case.shape) * numpy_dtype(case.dtype).itemsize
     forward = 4 if case.op == "add_rms_norm" else 2
     return per_tensor * (forward + (3 if grad else 0))
 
@@ -76,10 +83,18 @@ def copy_gbps(clock: Clock) -> float:
 
 def measure(
     name: str, case: Case, inputs: dict[str, Any], grad: bool, clock: Clock, reps: int
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     backend = registry.entries()[name].load()
     given = inputs if grad else {k: v for k, v in inputs.items() if k != "dy"}
-    prepared = backend.prepare(case, given, grad=grad)
+    why = backend.capabilities().why_not(case)
+    if why is None:
+        try:
+            prepared = backend.prepare(case, given, grad=grad)
+        except Unsupported as exc:
+            why = str(exc)
+    if why is not None:
+        print(f"{name:18} {case.id}: left out ({why})", flush=True)
+        return None
 
     def call() -> None:
         prepared()
@@ -103,10 +118,31 @@ def measure(
     }
 
 
+def _shapes(text: str) -> list[tuple[int, ...]]:
+    return [tuple(int(d) for d in s.split("x")) for s in text.split(",") if s]
+
+
+def cases(args: argparse.Namespace) -> Iterator[Case]:
+    """Row ops over ``--shapes``, GroupNorm and InstanceNorm over ``--group-shapes``, every dtype."""
+    ops = args.ops.split(",")
+    for dtype in args.dtypes.split(","):
+        for op in (o for o in ROW_OPS if o in ops):
+            for shape in _shapes(args.shapes):
+                yield Case(op, shape, dtype, EPS.get(op, 1e-5))
+        for shape in _shapes(args.group_shapes):
+            if "group_norm" in ops:
+                yield Case("group_norm", shape, dtype, 1e-5, num_groups=args.groups)
+            if "instance_norm" in ops:
+                yield Case("instance_norm", shape, dtype, 1e-5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shapes", default="4096x4096,4096x8192")
+    parser.add_argument("--group-shapes", default="2x320x32x32,4x64x64x64")
+    parser.add_argument("--groups", type=int, default=32)
+    parser.add_argument("--ops", default=",".join(ROW_OPS + GROUP_OPS))
     parser.add_argument("--dtypes", default="bfloat16,float16")
     parser.add_argument("--backends", default="triton,torch-functional")
     parser.add_argument("--reps", type=int, default=20)
@@ -116,17 +152,16 @@ def main() -> None:
     clock = Clock(device)
     roofline = copy_gbps(clock)
     records = []
-    for shape in (tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")):
-        for dtype in args.dtypes.split(","):
-            for op in OPS:
-                case = Case(op, shape, dtype, 1e-6 if op != "layer_norm" else 1e-5)
-                inputs = make_inputs(case, grad=True)
-                for grad in (False, True):
-                    for name in names:
-                        record = measure(name, case, inputs, grad, clock, args.reps)
-                        record["roofline"] = record["gbps"] / roofline
-                        records.append(record)
-                        print(_line(record), flush=True)
+    for case in cases(args):
+        inputs = make_inputs(case, grad=True)
+        for grad in (False, True):
+            for name in names:
+                record = measure(name, case, inputs, grad, clock, args.reps)
+                if record is None:
+                    continue
+                record["roofline"] = record["gbps"] / roofline
+                records.append(record)
+                print(_line(record), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     summary = {"device": device_name, "copy_gbps": roofline, "torch": torch.__version__, "records": records}

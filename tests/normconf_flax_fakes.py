@@ -2,8 +2,10 @@
 
 Loaded into a conformance run with ``-p normconf_flax_fakes`` (tests/ on PYTHONPATH). Each builds the
 same jitted linen modules as the flax adapter with one translation undone: PyTorch's momentum passed
-straight through as Flax's (the old value's weight, backwards), or the case's eps left out so
-Flax's default applies. The training and forward checks must catch them.
+straight through as Flax's (the old value's weight, backwards), the case's eps left out so Flax's
+default applies, or GroupNorm's channels-first x handed to linen.GroupNorm untransposed (its feature
+axis is the last one, so the groups are formed over the last spatial axis). The training and forward
+checks must catch them.
 """
 
 from __future__ import annotations
@@ -31,3 +33,17 @@ class DefaultEps(FlaxLinen):
 
     def epsilon(self, case: Case, default_eps: bool) -> float | None:
         return None
+
+
+@conformance.register("fake-flax-group-layout")
+class GroupNormUntransposed(FlaxLinen):
+    """linen.GroupNorm given x (N, C, L) as it is: Flax takes L for the channels and groups it.
+
+    With an affine, the (C,) weights do not fit the (L,) scale Flax expects (an error); without one
+    the module runs and returns wrong values: the silent trap the forward check must catch.
+    """
+
+    name = "fake-flax-group-layout"
+
+    def transposes(self, case: Case) -> bool:
+        return False

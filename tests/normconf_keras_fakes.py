@@ -4,6 +4,10 @@ Loaded into a conformance run with ``-p normconf_keras_fakes`` (tests/ on PYTHON
 
 - ``fake-keras-momentum`` passes PyTorch's momentum straight to BatchNormalization, whose momentum
   weights the OLD moving value: the training check must catch running_mean (and running_var).
+- ``fake-keras-group-axis`` builds GroupNormalization (GroupNorm and InstanceNorm) with Keras' default
+  channel axis -1 on the case's channels-first x (N, C, L): the groups are formed over L, not C. With
+  an affine the (C,) weights do not fit the (L,)-shaped gamma (an error); without one it runs and
+  returns wrong values, the silent porting trap the forward check must catch.
 - ``fake-keras-child-dies`` runs keras-jax in its child process (always, whatever this process's
   Keras backend) and makes the child exit while it receives one case: that case must be an error
   naming the dead child, and the next case must run in a fresh child.
@@ -33,6 +37,19 @@ class MomentumStraightThrough(KerasTorch):
 
     def keras_momentum(self, case: Case) -> float | None:
         return case.momentum if case.op == "batch_norm" else None
+
+
+@conformance.register("fake-keras-group-axis")
+class GroupAxisLeftAtDefault(KerasTorch):
+    """GroupNormalization with the channel axis at Keras' default -1 instead of the case's axis 1."""
+
+    name = "fake-keras-group-axis"
+
+    def plan(self, case: Case, inputs: Inputs, *, default_eps: bool = False) -> Plan:
+        plan = super().plan(case, inputs, default_eps=default_eps)
+        if plan.layer != "GroupNormalization":
+            return plan
+        return replace(plan, kwargs={**plan.kwargs, "axis": -1})
 
 
 class _ExitWhenUnpickled:

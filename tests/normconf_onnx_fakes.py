@@ -1,14 +1,23 @@
-"""A deliberately broken ONNX adapter for the meta-tests, run by the real onnxruntime.
+"""Deliberately broken ONNX adapters for the meta-tests, run by the real onnxruntime.
 
-Loaded into a conformance run with ``-p normconf_onnx_fakes`` (tests/ on PYTHONPATH). It builds the
-same real ONNX graphs as the onnxruntime adapter but passes PyTorch's momentum straight through as
-ONNX's momentum attribute, the convention backwards: the training check must catch it.
+Loaded into a conformance run with ``-p normconf_onnx_fakes`` (tests/ on PYTHONPATH). Each builds the
+same real ONNX graphs as the onnxruntime adapter and gets one translation wrong:
+
+- ``fake-onnx-momentum`` passes PyTorch's momentum straight through as ONNX's momentum attribute, the
+  convention backwards: the training check must catch it;
+- ``fake-onnx-stash`` gives GroupNormalization-21 stash_type FLOAT16, so x is rounded to float16 and the
+  statistics kept there: the forward check must catch it on float32 cases;
+- ``fake-onnx-group-affine`` feeds PyTorch's per-channel weight and bias untranslated to
+  GroupNormalization-18, which takes one per group: right only where each group is one channel.
 """
 
 from __future__ import annotations
 
+import onnx
+
 import conformance
-from backends.onnx_graphs import OnnxRuntime
+from backends.onnx_graphs import OnnxRuntime, Plan, scale_dtype
+from conformance.adapter.backend import Inputs
 from conformance.model.case import Case
 
 
@@ -20,3 +29,25 @@ class MomentumStraightThrough(OnnxRuntime):
 
     def onnx_momentum(self, case: Case) -> float:
         return 1.0 if case.momentum is None else case.momentum
+
+
+@conformance.register("fake-onnx-stash")
+class StashLowered(OnnxRuntime):
+    """GroupNormalization-21 with its statistics in float16 instead of float32 (PyTorch's precision)."""
+
+    name = "fake-onnx-stash"
+
+    def stash_type(self, compute: str) -> int:
+        return onnx.TensorProto.FLOAT16
+
+
+@conformance.register("fake-onnx-group-affine")
+class GroupAffineUntranslated(OnnxRuntime):
+    """GroupNormalization-18 given the per-channel weight and bias where it expects one per group."""
+
+    name = "fake-onnx-group-affine"
+
+    def plan(self, case: Case, inputs: Inputs) -> Plan:
+        if case.op != "group_norm":
+            return super().plan(case, inputs)
+        return Plan(scale_dtype(case, inputs), 18, "per_channel")

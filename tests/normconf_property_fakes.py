@@ -6,15 +6,22 @@ changes one thing in the correct NumPy fake; tests/test_properties.py asserts it
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 from normconf_fakes import F, NumpyFake
+from normconf_group_fakes import GroupFake
 
 import conformance
 from conformance import oracle
-from conformance.model.case import Case
+from conformance.adapter.backend import Capabilities
+from conformance.model.case import GROUP_OPS, OPS, Case
 from conformance.model.dtypes import numpy_dtype
+
+# The NumPy-fake variants below break a LayerNorm/RMSNorm property; GroupNorm/InstanceNorm ones derive
+# from normconf_group_fakes.GroupFake. Each declares only the ops it was written for.
+ROW_AND_BATCH_OPS = frozenset(OPS) - GROUP_OPS
 
 
 @conformance.register("fake-batch-statistics")
@@ -22,6 +29,7 @@ class BatchStatistics(NumpyFake):
     """Rows leak into each other: LN/RMS statistics over the whole batch, as a BatchNorm would."""
 
     name = "fake-batch-statistics"
+    ops = ROW_AND_BATCH_OPS
 
     def axes(self, case: Case, x: F) -> tuple[int, ...]:
         if case.op == "batch_norm":
@@ -34,6 +42,7 @@ class VarianceAboutZero(NumpyFake):
     """Centres x but takes the variance about zero (mean of x^2): not shift invariant."""
 
     name = "fake-variance-about-zero"
+    ops = ROW_AND_BATCH_OPS
 
     def stats(self, x: F, axes: tuple[int, ...]) -> tuple[F, F]:
         return x.mean(axis=axes, keepdims=True), np.square(x).mean(axis=axes, keepdims=True)
@@ -44,6 +53,7 @@ class VarianceFloor(NumpyFake):
     """Floors the variance at a hard-coded 1e-2 before adding eps: not scale invariant."""
 
     name = "fake-variance-floor"
+    ops = ROW_AND_BATCH_OPS
 
     def rstd(self, var: F, eps: float) -> F:
         return super().rstd(np.maximum(var, np.asarray(1e-2, var.dtype)), eps)
@@ -54,6 +64,7 @@ class OddRows(NumpyFake):
     """Odd-numbered rows take a code path with a wrong constant: outputs depend on row position."""
 
     name = "fake-odd-rows"
+    ops = ROW_AND_BATCH_OPS
 
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
         out = super().compute(case, inputs, grad)
@@ -69,6 +80,7 @@ class SpreadsNaN(NumpyFake):
     """A non-finite input anywhere poisons every output (a global pre-scale by max |x|)."""
 
     name = "fake-spreads-nan"
+    ops = ROW_AND_BATCH_OPS
 
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
         out = super().compute(case, inputs, grad)
@@ -82,6 +94,7 @@ class ConstantRowsCopied(NumpyFake):
     """Rows with zero variance skip the normalization and copy x through (an early exit)."""
 
     name = "fake-constant-rows-copied"
+    ops = ROW_AND_BATCH_OPS
 
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
         out = super().compute(case, inputs, grad)
@@ -100,12 +113,54 @@ class SingleFeature(NumpyFake):
     """Rows of one element are returned unchanged ("nothing to normalize")."""
 
     name = "fake-single-feature"
+    ops = ROW_AND_BATCH_OPS
 
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
         out = super().compute(case, inputs, grad)
         if case.op != "batch_norm" and int(np.prod(case.param_shape)) == 1:
             out["y"] = inputs["x"].copy()
         return out
+
+
+# ---------------------------------------------------------------------- GroupNorm / InstanceNorm
+@conformance.register("fake-gn-sample-statistics")
+class SampleStatistics(GroupFake):
+    """Groups leak into each other: statistics over the whole sample (every channel), as a LayerNorm."""
+
+    name = "fake-gn-sample-statistics"
+
+    def axes(self, case: Case) -> tuple[int, ...]:
+        return (1, 2, 3)
+
+
+@conformance.register("fake-gn-batch-statistics")
+class GroupBatchStatistics(GroupFake):
+    """Samples leak into each other: each group's statistics over the whole batch."""
+
+    name = "fake-gn-batch-statistics"
+
+    def axes(self, case: Case) -> tuple[int, ...]:
+        return (0, 2, 3)
+
+
+@conformance.register("fake-gn-variance-about-zero")
+class GroupVarianceAboutZero(GroupFake):
+    """Centres each group but takes its variance about zero: not shift invariant."""
+
+    name = "fake-gn-variance-about-zero"
+
+    def stats(self, x: F, axes: tuple[int, ...]) -> tuple[F, F]:
+        return x.mean(axis=axes, keepdims=True), np.square(x).mean(axis=axes, keepdims=True)
+
+
+@conformance.register("fake-gn-variance-floor")
+class GroupVarianceFloor(GroupFake):
+    """Floors each group's variance at a hard-coded 1e-2 before adding eps: not scale invariant."""
+
+    name = "fake-gn-variance-floor"
+
+    def rstd(self, var: F, eps: float) -> F:
+        return super().rstd(np.maximum(var, np.asarray(1e-2, var.dtype)), eps)
 
 
 # fake -> the property that must catch it
@@ -117,6 +172,10 @@ BREAKS = {
     "fake-spreads-nan": "nonfinite_containment",
     "fake-constant-rows-copied": "constant_rows",
     "fake-single-feature": "feature_size_one",
+    "fake-gn-sample-statistics": "group_independence",
+    "fake-gn-batch-statistics": "sample_independence",
+    "fake-gn-variance-about-zero": "group_shift_invariance",
+    "fake-gn-variance-floor": "group_scale_invariance",
 }
 
 
@@ -147,6 +206,9 @@ class OracleBackend(NumpyFake):
     """The float64 oracle rounded once to each output's dtype: the best any backend can do."""
 
     name = "fake-oracle"
+
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities(), ops=frozenset(OPS))
 
     def prepare(self, case: Case, inputs: dict[str, F], *, grad: bool) -> Any:
         return _OraclePrepared(case, inputs, grad)

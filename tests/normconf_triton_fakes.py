@@ -1,9 +1,16 @@
-"""Fake Triton backends for the meta-tests: a real @triton.jit LayerNorm kernel, run natively or under
-the interpreter, in a broken and a correct build.
+"""Fake Triton backends for the meta-tests, run natively or under the interpreter, each in a broken and a
+correct build.
 
-Loaded into a conformance run with ``-p normconf_triton_fakes`` (tests/ on PYTHONPATH). The broken
-build lets the padded lanes of a power-of-two block enter the variance, the classic masked-lane bug:
-it is exact when the row fills the block and wrong for every other row length.
+Loaded into a conformance run with ``-p normconf_triton_fakes`` (tests/ on PYTHONPATH).
+
+- A real @triton.jit LayerNorm kernel whose broken build lets the padded lanes of a power-of-two block
+  enter the variance, the classic masked-lane bug: exact when the row fills the block and wrong for
+  every other row length.
+- The triton backend's own GroupNorm kernels (backends/triton_kernels/group_norm.py) wired two wrong
+  ways: statistics per channel instead of per group (the kernel launched with C groups; exact only
+  when G = C), and dweight reduced with the group left out of the channel mapping (the per-(sample,
+  channel) sums viewed as rows of C/G channels, so channel k of every group adds into one value;
+  exact only when G = 1).
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from backends import _torch_common as common  # noqa: E402
+from backends.triton_kernels import functions as F  # noqa: E402
+from backends.triton_kernels.group_norm import channel_sums, group_norm_fwd  # noqa: E402
+from backends.triton_kernels.reduce import column_sum  # noqa: E402
 
 
 @triton.jit
@@ -102,3 +112,97 @@ class MaskedLanesInVariance(RowwiseLayerNorm):
 
     name = "fake-triton-masked-lanes"
     mask_stats = False
+
+
+def _group_dweight(case: Case, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dweight from the real kernels' per-(sample, channel) sums, reduced with the wrong mapping: the
+    [N * C] sums read as [N * G, C/G] rows, so column k sums channel k of every group."""
+    n, channels, groups = case.shape[0], case.shape[1], case.groups
+    cpg, spatial = channels // groups, x[0, 0].numel()
+    x2, dy2 = x.detach().contiguous(), dy.contiguous()
+    mean = torch.empty(n * groups, dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    scalars = torch.tensor([case.eps, 0.0], dtype=torch.float32, device=x.device)
+    group_norm_fwd[(n * groups,)](
+        x2, x2, x2, x2, x2, scalars, torch.empty_like(x2), mean, rstd, mean,
+        n * groups, cpg * spatial, spatial, cpg, groups,
+        HAS_W=False, HAS_B=False, GIVEN_STATS=False, SAVE_VAR=False, ACC=tl.float32,
+        BLOCK_M=1, BLOCK_N=blocks.next_pow2(cpg * spatial), ONE_CHUNK=True,
+    )  # fmt: skip
+    dw_sum, db_sum = torch.empty(n * channels, device=x.device), torch.empty(n * channels, device=x.device)
+    channel_sums[(n * channels,)](
+        x2, dy2, mean, rstd, dw_sum, db_sum, n * channels, spatial, cpg,
+        ACC=tl.float32, BLOCK_M=1, BLOCK_N=blocks.next_pow2(spatial),
+    )  # fmt: skip
+    within = torch.empty(cpg, dtype=w.dtype, device=x.device)
+    column_sum[(1,)](
+        dw_sum, within, n * groups, cpg, BLOCK_M=blocks.next_pow2(n * groups), BLOCK_N=blocks.next_pow2(cpg)
+    )
+    return within.repeat(groups)
+
+
+class GroupNormPrepared:
+    """GroupNorm forward and backward through the triton backend's autograd.Function."""
+
+    def __init__(self, broken: str, case: Case, inputs: dict[str, np.ndarray], grad: bool) -> None:
+        self.device = torch.device(mode.select().device)
+        self.broken, self.case, self.grad = broken, case, grad
+        self.t = {k: common.to_torch(v, self.device) for k, v in inputs.items()}
+        for name in ("x", "weight", "bias"):
+            self.t[name].requires_grad_(grad)
+        self.out: dict[str, Any] = {}
+
+    def __call__(self) -> None:
+        c, t = self.case, self.t
+        # The first bug: C passed where num_groups belongs, so every channel is its own group.
+        groups = c.shape[1] if self.broken == "channel_stats" else c.groups
+        with torch.enable_grad():
+            y = F.group_norm(t["x"], groups, t["weight"], t["bias"], eps=c.eps)
+            self.out = {"y": y.detach()}
+            if self.grad:
+                dx, dw, db = torch.autograd.grad(y, [t["x"], t["weight"], t["bias"]], t["dy"])
+                if self.broken == "group_dweight":
+                    dw = _group_dweight(c, t["x"], t["weight"], t["dy"])
+                self.out.update(dx=dx, dweight=dw, dbias=db)
+
+    def synchronize(self) -> None:
+        common.synchronize(self.device)
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        return {name: common.to_numpy(value) for name, value in self.out.items()}
+
+
+@conformance.register("fake-triton-gn")
+class GroupNormKernels:
+    """GroupNorm with weight and bias on the real kernels, float32 only: the control build."""
+
+    name = "fake-triton-gn"
+    broken = ""
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            ops=frozenset({"group_norm"}),
+            dtypes=frozenset({"float32"}),
+            features=frozenset({"backward"}),
+            device=mode.select().device,
+            device_name="triton " + mode.select().name,
+        )
+
+    def prepare(self, case: Case, inputs: dict[str, np.ndarray], *, grad: bool) -> GroupNormPrepared:
+        return GroupNormPrepared(self.broken, case, inputs, grad)
+
+
+@conformance.register("fake-triton-gn-channel-stats")
+class ChannelStatistics(GroupNormKernels):
+    """Statistics per channel instead of per group."""
+
+    name = "fake-triton-gn-channel-stats"
+    broken = "channel_stats"
+
+
+@conformance.register("fake-triton-gn-group-dweight")
+class GroupBlindDweight(GroupNormKernels):
+    """dweight reduced without the group in the channel mapping."""
+
+    name = "fake-triton-gn-group-dweight"
+    broken = "group_dweight"

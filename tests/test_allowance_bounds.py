@@ -22,11 +22,37 @@ from conformance.model.outputs import output_dtype, produced
 from conformance.model.profiles import PROFILES, cases
 
 TABLE = tolerances.load()
+# What every profile must walk of GroupNorm and InstanceNorm: every output they produce.
+GROUP_OUTPUTS = {("group_norm", o) for o in ("y", "dx", "dweight", "dbias")} | {
+    ("instance_norm", o) for o in ("y", "dx", "dweight", "dbias", "running_mean", "running_var")
+}
+# GN/IN cases the profiles leave out, at the edges of the bounds: groups of one value (G = C on
+# (N, C)), instances of two values, float16 squares that overflow, eval on instances equal to their
+# running mean, and huge offsets against a tiny eps.
+EDGE_CASES = [
+    Case("group_norm", (4, 6), "float32", 1e-5, num_groups=6),
+    Case("group_norm", (4, 6), "bfloat16", 1e-5, num_groups=1, dist="outlier"),
+    Case("group_norm", (3, 6, 2), "float16", 1e-5, num_groups=3, dist="large"),
+    Case("group_norm", (2, 4, 5), "float32", 1e-12, num_groups=2, dist="offset"),
+    Case("group_norm", (2, 4, 5), "float32", 1e-12, num_groups=2, dist="constant"),
+    Case("group_norm", (2, 6, 3), "float16", 1e-5, num_groups=3, dist="small", param_dtype="float32"),
+    Case("instance_norm", (3, 4, 2), "float32", 1e-5, training=True, track_running_stats=True),
+    Case(
+        "instance_norm", (3, 4, 2), "bfloat16", 1e-5, training=True, track_running_stats=True, momentum=None
+    ),
+    Case("instance_norm", (2, 3, 2, 2), "float16", 1e-5, track_running_stats=True, dist="large"),
+    Case("instance_norm", (1, 4, 6), "float32", 1e-5, track_running_stats=True, dist="constant"),
+    Case("instance_norm", (2, 3, 5), "float32", 1e-12, dist="constant", weight=False, bias=False),
+]
 
 
 def _walk(profile: str):
     """(case, output, largest allowance, bound, largest |expected|) for every comparison of a profile."""
-    for case in cases(profile):
+    yield from _walk_cases(cases(profile))
+
+
+def _walk_cases(walked: list[Case]):
+    for case in walked:
         inputs = make_inputs(case)
         expected = oracle.evaluate(case, inputs, grad=True)
         for output in produced(case, grad=True):
@@ -55,6 +81,16 @@ def test_no_allowance_exceeds_what_the_output_can_be(profile):
     assert all(a == 0 for c, o, a, b, _ in walked if b == 0)
     if profile != "smoke":
         assert exact, "the profile has no exact-zero output to check exactly"
+    assert {(c.op, o) for c, o, *_ in walked} >= GROUP_OUTPUTS
+
+
+def test_group_and_instance_norm_edges_keep_their_allowances_within_the_bounds():
+    walked = list(_walk_cases(EDGE_CASES))
+    assert {(c.op, o) for c, o, *_ in walked} >= GROUP_OUTPUTS
+    assert [(c.id, o, a, b) for c, o, a, b, _ in walked if a > b] == []
+    assert [(c.id, o, e, b) for c, o, _, b, e in walked if e > b * (1 + 1e-12)] == []
+    assert all(a == 0 for c, o, a, b, _ in walked if b == 0)
+    assert any(b == 0 for *_, b, _ in walked)  # the constant instance in eval: dweight is an exact zero
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -90,11 +126,18 @@ def test_the_mean_term_stops_at_the_bound_of_the_normalized_values():
         (Case(op="rms_norm", shape=(12, 100), dtype="float16", eps=1e-5, dist="zeros"), "y"),
         (Case(op="add_rms_norm", shape=(12, 100), dtype="float32", eps=1e-5, dist="zeros"), "residual_out"),
         (Case(op="batch_norm", shape=(32, 16), dtype="float32", eps=1e-5, dist="constant"), "dweight"),
+        (Case("group_norm", (2, 6, 10), "bfloat16", 1e-5, num_groups=3, dist="zeros"), "dweight"),
+        (Case("instance_norm", (2, 6, 10), "float16", 1e-5, dist="zeros"), "dweight"),
+        (
+            Case("instance_norm", (1, 4, 6), "float32", 1e-5, track_running_stats=True, dist="constant"),
+            "dweight",
+        ),
     ],
     ids=lambda v: v.id if isinstance(v, Case) else v,
 )
 def test_exact_zeros_are_checked_exactly(case, output):
-    """Zero rows (and BatchNorm eval on channels equal to their running mean) give exact zeros."""
+    """Zero rows (and BatchNorm/InstanceNorm eval on channels equal to their running mean) give exact
+    zeros."""
     inputs = make_inputs(case)
     expected = oracle.evaluate(case, inputs, grad=True)
     assert not np.any(expected[output])
@@ -117,10 +160,17 @@ def test_constant_rows_keep_the_mean_rounding_term():
     assert xhat.max() <= 16 * terms.mean_error
 
 
-def test_one_element_rows_allow_two_roundings_of_the_folded_products():
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(op="layer_norm", shape=(4, 1), dtype="float32", eps=1e-5),
+        Case("group_norm", (4, 6), "float32", 1e-5, num_groups=6),  # (N, C) with G = C: one value each
+    ],
+    ids=lambda case: case.id,
+)
+def test_one_element_rows_allow_two_roundings_of_the_folded_products(case):
     """x * rstd - mean * rstd with one rounding (an FMA) leaves u * |x| * rstd although mean == x;
     the mean itself is exact, so the term stops at two such roundings instead of cond = 16."""
-    case = Case(op="layer_norm", shape=(4, 1), dtype="float32", eps=1e-5)
     inputs = make_inputs(case)
     expected = oracle.evaluate(case, inputs, grad=True)
     x = inputs["x"].astype(np.float64)
@@ -129,7 +179,7 @@ def test_one_element_rows_allow_two_roundings_of_the_folded_products():
     terms = factors(case, "dweight", inputs, expected)
     assert 0 < folded.max() <= terms.mean_error
     assert terms.mean_cap == mean_cap(case, terms.mean_error) == 2 * terms.mean_error
-    tol = TABLE.lookup("layer_norm", "dweight", "float32", "normal")
+    tol = TABLE.lookup(case.op, "dweight", "float32", "normal")
     assert terms.atol(tol) == 2 * terms.mean_error * terms.sensitivity  # scale 0: dweight is exactly 0
 
 

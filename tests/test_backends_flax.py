@@ -1,5 +1,7 @@
-"""The flax adapter: its translations (momentum 1 - m, eps, axes, dtypes, Gemma offset), the defaults it
-keeps on purpose (use_fast_variance, Flax's own eps), and agreement of small cases with the oracle."""
+"""The flax adapter: its translations (momentum 1 - m, eps, axes, dtypes, Gemma offset, GroupNorm's
+channels-last transpose), the defaults it keeps on purpose (use_fast_variance, Flax's own eps), what it
+leaves out (InstanceNorm's running statistics, torch's channels_last layout), and agreement of small
+cases with the oracle."""
 
 from __future__ import annotations
 
@@ -34,7 +36,13 @@ def _run(case: Case, *, grad: bool, backend=BACKEND):
 
 
 def _spec(case: Case, **changes):
-    fields = {"grad": False, "eps": case.eps, "momentum": BACKEND.flax_momentum(case), **changes}
+    fields = {
+        "grad": False,
+        "eps": case.eps,
+        "momentum": BACKEND.flax_momentum(case),
+        "transposed": BACKEND.transposes(case),
+        **changes,
+    }
     return flax_linen.Spec.of(case, case.weight_dtype, **fields)
 
 
@@ -76,32 +84,51 @@ def test_momentum_none_is_unsupported_and_undeclared() -> None:
         BACKEND.prepare(case, make_inputs(case, grad=False), grad=False)
 
 
-@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "batch_norm", "add_rms_norm"])
+def _op_case(op: str, eps: float) -> Case:
+    """A small float32 case of ``op`` (channel ops: x (N, C, L); GroupNorm with 3 groups of 2 channels)."""
+    if op == "group_norm":
+        return Case(op, (6, 6, 4), "float32", eps, num_groups=3)
+    if op in ("batch_norm", "instance_norm"):
+        return Case(op, (6, 3, 4), "float32", eps)
+    return Case(op, (4, 24), "float32", eps)
+
+
+ALL_OPS = ["layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"]
+
+
+@pytest.mark.parametrize("op", ALL_OPS)
 def test_eps_is_passed_explicitly(op: str) -> None:
-    case = Case(op, (6, 3, 4) if op == "batch_norm" else (4, 24), "float32", 3e-4)
+    case = _op_case(op, 3e-4)
     module = flax_linen.MODULES[op](_spec(case))
     assert module.epsilon == 3e-4
     _, prepared, _ = _run(case, grad=False)
     assert prepared.info()["epsilon"] == 3e-4
 
 
-@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "batch_norm", "add_rms_norm"])
+@pytest.mark.parametrize("op", ALL_OPS)
 def test_default_eps_hook_leaves_flax_default(op: str) -> None:
     """The hook builds the module without epsilon; Flax's defaults are read from its classes."""
-    cls = {"layer_norm": nn.LayerNorm, "rms_norm": nn.RMSNorm, "add_rms_norm": nn.RMSNorm}.get(
-        op, nn.BatchNorm
-    )
+    cls = {
+        "layer_norm": nn.LayerNorm,
+        "rms_norm": nn.RMSNorm,
+        "add_rms_norm": nn.RMSNorm,
+        "group_norm": nn.GroupNorm,
+        "instance_norm": nn.InstanceNorm,
+    }.get(op, nn.BatchNorm)
     assert flax_linen.default_eps(op) == cls().epsilon
-    case = Case(op, (6, 3, 4) if op == "batch_norm" else (4, 24), "float32", 3e-4)
+    case = _op_case(op, 3e-4)
     prepared = BACKEND.prepare_default_eps(case, make_inputs(case, grad=False))
     assert prepared.info()["epsilon"] == flax_linen.default_eps(op)
 
 
 def test_flax_default_eps_values() -> None:
-    # The fingerprint's default-eps answers for Flax 0.12: LayerNorm and RMSNorm 1e-6, BatchNorm 1e-5.
+    # The fingerprint's default-eps answers for Flax 0.12: LayerNorm, RMSNorm, GroupNorm and
+    # InstanceNorm 1e-6 (torch: 1e-5 for all but RMSNorm), BatchNorm 1e-5.
     assert flax_linen.default_eps("layer_norm") == 1e-6
     assert flax_linen.default_eps("rms_norm") == 1e-6
     assert flax_linen.default_eps("batch_norm") == 1e-5
+    assert flax_linen.default_eps("group_norm") == 1e-6
+    assert flax_linen.default_eps("instance_norm") == 1e-6
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
@@ -109,6 +136,76 @@ def test_multi_axis_reduces_and_scales_over_trailing_dims(op: str) -> None:
     case = Case(op, (2, 3, 4), "float32", 1e-5, norm_ndim=2)
     module = flax_linen.MODULES[op](_spec(case))
     assert tuple(module.reduction_axes) == (-2, -1) == tuple(module.feature_axes)
+
+
+def test_group_norm_takes_x_channels_last_with_the_case_groups() -> None:
+    """linen.GroupNorm's feature axis is the last: the adapter moves C there and y back."""
+    case = Case("group_norm", (2, 8, 5, 3), "float64", 1e-5, num_groups=4)
+    spec = _spec(case)
+    module = flax_linen.group_norm_module(spec)
+    assert spec.transposed and module.num_groups == 4 and module.group_size is None
+    assert tuple(module.reduction_axes) == (1, 2, 3)  # spatial and channels of (N, H, W, C)
+    inputs, prepared, out = _run(case, grad=False)
+    assert prepared.info()["num_groups"] == 4 and "transposed" in prepared.info()["layout"]
+    # The same module applied by hand to the channels-last array gives y transposed, to float64
+    # rounding (eager and jitted XLA fuse differently; a wrong axis would be off by O(1)).
+    params = {"scale": inputs["weight"], "bias": inputs["bias"]}
+    by_hand = module.apply({"params": params}, np.moveaxis(inputs["x"], 1, -1))
+    assert np.max(np.abs(np.moveaxis(np.asarray(by_hand), -1, 1) - out["y"])) < 1e-13
+
+
+def test_group_norm_of_two_dims_groups_the_channels() -> None:
+    """(N, C): the transpose is the identity and each group is C/G channels of one sample."""
+    case = Case("group_norm", (3, 6), "float64", 1e-5, num_groups=2, weight=False, bias=False)
+    inputs, _, out = _run(case, grad=False)
+    groups = inputs["x"].reshape(3, 2, 3)
+    expected = (groups - groups.mean(-1, keepdims=True)) / np.sqrt(groups.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(out["y"], expected.reshape(3, 6), rtol=1e-12, atol=1e-12)
+
+
+def test_instance_norm_uses_feature_axes_one_without_a_transpose() -> None:
+    case = Case("instance_norm", (2, 3, 4, 5), "float32", 1e-5)
+    spec = _spec(case)
+    module = flax_linen.instance_norm_module(spec)
+    assert not spec.transposed and module.feature_axes == 1
+    _, prepared, _ = _run(case, grad=False)
+    assert "layout" not in prepared.info()
+
+
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        (Case("instance_norm", (2, 3, 6), "float32", 1e-5, track_running_stats=True), "running statistics"),
+        (Case("group_norm", (2, 4, 3, 5), "float32", 1e-5, num_groups=2, layout="channels_last"), "layout"),
+    ],
+)
+def test_running_stats_and_channels_last_are_undeclared_and_unsupported(case: Case, why: str) -> None:
+    caps = BACKEND.capabilities()
+    assert not {"running_stats", "channels_last"} & caps.features
+    assert caps.why_not(case) is not None
+    with pytest.raises(Unsupported, match=why):
+        BACKEND.prepare(case, make_inputs(case, grad=False), grad=False)
+
+
+@pytest.mark.parametrize("op", ["group_norm", "instance_norm"])
+def test_group_statistics_are_one_pass_by_flax_default(op: str) -> None:
+    """The ledger's reason for offset groups, recomputed: with Flax's default use_fast_variance=True
+    y fails the oracle's tolerance; the same module with use_fast_variance=False passes."""
+    groups = {"num_groups": 3} if op == "group_norm" else {}
+    case = Case(op, (2, 6, 10), "float32", 1e-5, dist="offset", **groups)
+    inputs, prepared, out = _run(case, grad=False)
+    assert prepared.info()["use_fast_variance"] is True
+    expected = oracle.evaluate(case, inputs, grad=False)
+    table = tolerances.load()
+    (one_pass,) = compare_outputs(case, inputs, expected, out, ("y",), table)
+    assert not one_pass.passed
+    spec = _spec(case)
+    module = flax_linen.MODULES[op](spec).clone(use_fast_variance=False)
+    step = flax_linen.forward_fn(spec, module)
+    loaded = flax_linen.load(case, spec, inputs, flax_linen.scale(case, inputs))
+    y, _ = step(loaded.params, loaded.stats, loaded.x, None)
+    (two_pass,) = compare_outputs(case, inputs, expected, {"y": np.asarray(y)}, ("y",), table)
+    assert two_pass.passed, two_pass.worst_ratio
 
 
 def test_batch_norm_channel_axis_is_one() -> None:
@@ -175,7 +272,7 @@ def test_float64_runs_in_float64() -> None:
 
 def test_capabilities() -> None:
     caps = BACKEND.capabilities()
-    assert caps.ops == {"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"}
+    assert caps.ops == {"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"}
     assert caps.dtypes == {"float64", "float32", "float16", "bfloat16"}
     assert {"backward", "training", "weight_offset", "no_weight", "no_bias", "multi_axis"} <= caps.features
     assert caps.notes["flax"] and caps.notes["jax"] and "use_fast_variance" in caps.notes
@@ -195,6 +292,7 @@ def test_compile_is_in_prepare_and_cached() -> None:
     [
         Case("batch_norm", (4, 3, 5), "float32", 1e-5, training=True),
         Case("add_rms_norm", (4, 24), "bfloat16", 1e-5),
+        Case("group_norm", (2, 8, 3, 5), "bfloat16", 1e-5, num_groups=4, param_dtype="float32"),
     ],
 )
 def test_repeated_calls_same_bits_inputs_untouched(case: Case) -> None:
@@ -239,6 +337,12 @@ AGREE = [
     Case("add_rms_norm", (8, 40), "float32", 1e-6),
     Case("batch_norm", (6, 3, 5), "float32", 1e-5),
     Case("batch_norm", (6, 3, 5), "float64", 1e-5, training=True, bias=False),
+    Case("group_norm", (2, 8, 5, 5), "float32", 1e-5, num_groups=4),
+    Case("group_norm", (3, 32, 7), "float64", 1e-5, num_groups=1, bias=False),
+    Case("group_norm", (4, 6), "float32", 1e-5, num_groups=3),
+    Case("group_norm", (2, 8, 25), "bfloat16", 1e-5, num_groups=8, param_dtype="float32"),
+    Case("instance_norm", (2, 4, 6, 7), "float16", 1e-5),
+    Case("instance_norm", (2, 2, 3, 4, 5), "float32", 1e-5, weight=False, bias=False),
 ]
 
 

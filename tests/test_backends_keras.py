@@ -1,5 +1,6 @@
 """The Keras adapters (keras on torch, keras-jax): the translations (momentum 1 - m, eps, axes,
-center/scale, dtype policy, Gemma's offset, Keras' default eps), which process runs each backend,
+center/scale, dtype policy, Gemma's offset, GroupNormalization's groups, Keras' default eps), what is
+left out (InstanceNorm's running statistics, torch's channels_last layout), which process runs each backend,
 agreement with the oracle under the suite's own tolerance table, and the child-process path: a case
 run there, a dead, crashing or hung child reported as that case's error, and no orphan child.
 
@@ -58,8 +59,10 @@ def _run(backend: Any, case: Case, inputs: dict[str, np.ndarray], grad: bool = T
     return dict(prepared.outputs())
 
 
-def _failing(case: Case, inputs: dict[str, np.ndarray], expected: Any, actual: Any) -> set[str]:
-    names = (*forward_outputs(case), *grad_outputs(case), *training_outputs(case))
+def _failing(
+    case: Case, inputs: dict[str, np.ndarray], expected: Any, actual: Any, grad: bool = True
+) -> set[str]:
+    names = (*forward_outputs(case), *(grad_outputs(case) if grad else ()), *training_outputs(case))
     return {c.output for c in compare_outputs(case, inputs, expected, actual, names, TABLE) if not c.passed}
 
 
@@ -80,9 +83,18 @@ def test_momentum_none_is_unsupported_and_not_declared():
         assert "momentum_none" not in cls().capabilities().features
 
 
-@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm", "batch_norm"])
+def _op_case(op: str, eps: float = 1e-5, **fields: Any) -> Case:
+    """A small float32 case of ``op``; GroupNorm with 3 groups of 2 channels."""
+    groups = {"num_groups": 3} if op == "group_norm" else {}
+    return Case(op, (4, 6, 5), "float32", eps, **groups, **fields)
+
+
+ALL_OPS = ["layer_norm", "rms_norm", "add_rms_norm", "batch_norm", "group_norm", "instance_norm"]
+
+
+@pytest.mark.parametrize("op", ALL_OPS)
 def test_eps_is_passed_and_left_out_only_for_the_default_eps_hook(op):
-    case = Case(op, (4, 6, 5), "float32", 3e-4)
+    case = _op_case(op, 3e-4)
     assert _plan(case).kwargs["epsilon"] == 3e-4
     assert "epsilon" not in _plan(case, default_eps=True).kwargs
 
@@ -97,11 +109,11 @@ def test_default_eps_table_is_keras_own():
         assert signature.parameters["epsilon"].default == eps, layer
 
 
-@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "batch_norm"])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "batch_norm", "group_norm"])
 def test_the_default_eps_hook_runs_with_keras_default(op):
     """prepare_default_eps gives, bit for bit, what passing Keras' default explicitly gives."""
     adapter = keras_layers.KerasTorch() if HERE == "torch" else keras_layers.KerasJax()
-    case = Case(op, (4, 3, 5), "float32", 1e-5, dist="near_constant")
+    case = _op_case(op, dist="near_constant")
     inputs = make_inputs(case, grad=False)
     default = adapter.prepare_default_eps(case, inputs)
     default()
@@ -118,10 +130,44 @@ def test_the_default_eps_hook_runs_with_keras_default(op):
         (Case("layer_norm", (4, 6, 5), "float32", 1e-5, norm_ndim=2), [-2, -1]),
         (Case("rms_norm", (4, 6, 5), "float32", 1e-5, norm_ndim=3), [-3, -2, -1]),
         (Case("batch_norm", (4, 6, 5), "float32", 1e-5), 1),  # Keras' default is -1
+        (Case("group_norm", (4, 6, 5), "float32", 1e-5, num_groups=2), 1),  # channels-first, no transpose
+        (Case("group_norm", (4, 6), "float32", 1e-5, num_groups=2), 1),
+        (Case("instance_norm", (4, 6, 5, 3), "float32", 1e-5), 1),
     ],
 )
 def test_axes(case, axis):
     assert _plan(case).kwargs["axis"] == axis
+
+
+@pytest.mark.parametrize(("op", "groups"), [("group_norm", 3), ("instance_norm", -1)])
+def test_group_normalization_groups_and_affine_switches(op, groups):
+    """GroupNorm passes G; InstanceNorm is Keras' GroupNormalization(groups=-1): one group per channel."""
+    plan = _plan(_op_case(op, weight=False))
+    assert plan.layer == "GroupNormalization" and plan.kwargs["groups"] == groups
+    assert (plan.kwargs["center"], plan.kwargs["scale"]) == (True, False)
+    assert set(plan.variables) == {"beta"} and dict(plan.grads) == {"dbias": "beta"}
+    assert plan.training is None  # GroupNormalization.call takes no training flag
+    if HERE == "torch":
+        from backends import _keras_run
+
+        layer = _keras_run.build_layer(_plan(_op_case(op)))
+        assert layer.groups == (3 if op == "group_norm" else 6) and layer.axis == 1
+
+
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        (Case("instance_norm", (4, 3, 6), "float32", 1e-5, track_running_stats=True), "running statistics"),
+        (Case("group_norm", (2, 4, 3, 5), "float32", 1e-5, num_groups=2, layout="channels_last"), "layout"),
+    ],
+)
+def test_running_stats_and_channels_last_are_undeclared_and_unsupported(case, why):
+    for cls in (keras_layers.KerasTorch, keras_layers.KerasJax):
+        caps = cls().capabilities()
+        assert not {"running_stats", "channels_last"} & caps.features
+        assert caps.why_not(case) is not None
+    with pytest.raises(Unsupported, match=why):
+        _plan(case)
 
 
 def test_center_and_scale_follow_bias_and_weight():
@@ -224,6 +270,11 @@ CASES = [
     Case("add_rms_norm", (4, 24), "float16", 1e-5),
     Case("batch_norm", (6, 3, 5), "float32", 1e-5),
     Case("batch_norm", (6, 3, 5), "bfloat16", 1e-5, bias=False),
+    Case("group_norm", (2, 8, 5, 5), "float32", 1e-5, num_groups=4),
+    Case("group_norm", (4, 6), "float32", 1e-5, num_groups=3),
+    Case("group_norm", (2, 8, 25), "bfloat16", 1e-5, num_groups=8, param_dtype="float32"),
+    Case("instance_norm", (2, 4, 6, 7), "float16", 1e-5),
+    Case("instance_norm", (2, 2, 3, 4, 5), "float32", 1e-5, weight=False, bias=False),
 ]
 
 
@@ -256,6 +307,44 @@ def test_batch_norm_training_deviates_only_by_the_biased_running_variance(adapte
     biased = x.var(axis=(0, 2))
     expected = {**expected, "running_var": 0.9 * inputs["running_var"] + 0.1 * biased}
     assert _failing(case, inputs, expected, actual) == set()
+
+
+OFFSET_GROUPS = Case("group_norm", (2, 6, 10), "float32", 1e-5, num_groups=3, dist="offset", bias=False)
+
+
+def _two_pass_moments(x, axes, keepdims=False, synchronized=False):
+    """keras.ops.moments of the torch backend with the variance of the centred values instead."""
+    import torch
+
+    mean = torch.mean(x, dim=axes, keepdim=True)
+    variance = torch.mean(torch.square(x - mean), dim=axes, keepdim=True)
+    return (mean, variance) if keepdims else (mean.squeeze(axes), variance.squeeze(axes))
+
+
+def test_group_statistics_are_one_pass_on_the_torch_backend(adapters, monkeypatch):
+    """The ledger's reason, recomputed: GroupNormalization's ops.moments is E[x^2] - E[x]^2 on Keras'
+    torch backend, so y of offset groups (mean 1e3, spread 1) fails; the only change of a two-pass
+    moments makes it pass."""
+    if HERE != "torch":
+        pytest.skip("the torch backend runs in a child process here")
+    from keras.src.backend.torch import nn as torch_nn
+
+    case = OFFSET_GROUPS
+    inputs = make_inputs(case, grad=False)
+    expected = oracle.evaluate(case, inputs, grad=False)
+    one_pass = _run(adapters["keras"], case, inputs, grad=False)
+    assert _failing(case, inputs, expected, one_pass, grad=False) == {"y"}
+    monkeypatch.setattr(torch_nn, "moments", _two_pass_moments)
+    two_pass = _run(adapters["keras"], case, inputs, grad=False)
+    assert _failing(case, inputs, expected, two_pass, grad=False) == set()
+
+
+def test_group_statistics_are_two_pass_on_the_jax_backend(adapters):
+    """On JAX, ops.moments is jnp.var (two-pass): the same offset groups pass."""
+    case = OFFSET_GROUPS
+    inputs = make_inputs(case, grad=False)
+    actual = _run(adapters["keras-jax"], case, inputs, grad=False)
+    assert _failing(case, inputs, oracle.evaluate(case, inputs, grad=False), actual, grad=False) == set()
 
 
 @pytest.mark.parametrize("name", ["keras", "keras-jax"])

@@ -45,6 +45,13 @@ SMALL = [
     Case("batch_norm", (4, 6, 5), "float32", 1e-5, training=True),
     Case("batch_norm", (4, 3, 2, 3), "float32", 1e-5, training=True, momentum=None),
     Case("batch_norm", (4, 6, 5), "float16", 1e-5, training=True, momentum=0.3),
+    Case("group_norm", (2, 8, 5), "float32", 1e-5, num_groups=4),
+    Case("group_norm", (2, 8, 3, 4), "float16", 1e-5, num_groups=8, weight=False, bias=False),
+    Case("instance_norm", (2, 6, 10), "float32", 1e-5),
+    Case("instance_norm", (4, 3, 10), "float32", 1e-5, track_running_stats=True),
+    Case(
+        "instance_norm", (4, 3, 2, 5), "float32", 1e-5, track_running_stats=True, training=True, momentum=None
+    ),
 ]
 BACKENDS = {"openvino": runtime.OpenVINO, "openvino-default": runtime.OpenVINODefault}
 
@@ -75,7 +82,8 @@ def _attrs(node: Any) -> dict[str, Any]:
 
 
 def _model_ops(case: Case, *, fenced: bool = False, default_eps: bool = False) -> tuple[Any, set[str]]:
-    spec = graphs.build(case, graphs.scale_dtype(case, make_inputs(case, grad=False)), graphs.OnnxRuntime())
+    conventions = graphs.OnnxRuntime()
+    spec = graphs.build(case, conventions.plan(case, make_inputs(case, grad=False)), conventions)
     if default_eps:
         edits.drop_eps(spec)
     if fenced:
@@ -93,16 +101,29 @@ def _model_ops(case: Case, *, fenced: bool = False, default_eps: bool = False) -
         (Case("add_rms_norm", (4, 8), "bfloat16", 1e-5), "ReduceMean"),
         (Case("batch_norm", (4, 3, 5), "float16", 1e-5), "BatchNormInference"),
         (Case("batch_norm", (4, 3, 5), "float32", 1e-5, training=True), "ReduceMean"),
+        (Case("group_norm", (2, 8, 5), "float32", 1e-5, num_groups=4), "GroupNormalization"),
+        (Case("instance_norm", (2, 6, 5), "float32", 1e-5), "MVN"),
     ],
     ids=_id,
 )
 def test_each_op_s_graph_is_read_by_the_onnx_frontend(case: Case, ov_op: str) -> None:
     # LayerNormalization-17 -> MVN; RMSNormalization-23 -> its decomposition (fused to RMS by the CPU
-    # plugin); BatchNormalization-15 training_mode=1 -> batch statistics and running-statistic outputs.
+    # plugin); BatchNormalization-15 training_mode=1 -> batch statistics and running-statistic outputs;
+    # GroupNormalization -> opset12 GroupNormalization (the plugin runs it as MVN + Eltwise);
+    # InstanceNormalization -> MVN with the affine.
     _, ops = _model_ops(case)
     assert ov_op in ops
     info = _run(runtime.OpenVINO(), case)[1].info()
     assert info["opset"] == graphs.OPSETS[case.op]
+
+
+def test_group_norm_on_two_dimensional_input_is_unsupported_with_the_plugin_s_reason() -> None:
+    # The frontend reads it; the CPU plugin implements GroupNormalization for rank 3 and up only.
+    case = Case("group_norm", (4, 8), "float32", 1e-5, num_groups=2)
+    with pytest.raises(
+        Unsupported, match=r"CPU plugin cannot compile.*Unsupported operation of type: GroupNorm"
+    ):
+        runtime.OpenVINO().prepare(case, make_inputs(case, grad=False), grad=False)
 
 
 def test_a_graph_the_frontend_cannot_convert_is_unsupported_with_its_summary() -> None:
@@ -137,7 +158,7 @@ def test_precision_is_pinned_to_f32_and_recorded(case: Case, kernel: str) -> Non
     backend = runtime.OpenVINO()
     built = backend._cache.get(
         "probe",
-        lambda: backend._compile(case, graphs.scale_dtype(case, make_inputs(case, grad=False)), False),
+        lambda: backend._compile(case, backend.conventions.plan(case, make_inputs(case, grad=False)), False),
     )[0]
     assert precision.short(built.model.get_property("INFERENCE_PRECISION_HINT")) == "f32"
     info = _run(backend, case)[1].info()
@@ -180,15 +201,24 @@ def test_momentum_is_one_minus_pytorch_s_in_the_graph() -> None:
     backend = runtime.OpenVINO()
     for momentum, attribute in ((0.1, 0.9), (0.5, 0.5), (None, 0.0)):
         case = Case("batch_norm", (4, 3, 5), "float32", 1e-5, training=True, momentum=momentum)
-        spec = graphs.build(case, "float32", backend.conventions)
+        spec = graphs.build(case, graphs.Plan("float32", 15), backend.conventions)
         node = next(n for n in spec.nodes if n.op_type == "BatchNormalization")
         assert _attrs(node)["momentum"] == pytest.approx(attribute)
         assert _run(backend, case)[1].info()["onnx_momentum"] == pytest.approx(attribute)
 
 
-@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "batch_norm"])
-def test_eps_is_passed_and_the_hook_leaves_it_out(op: str) -> None:
-    case = Case(op, (8, 6, 5) if op == "batch_norm" else (6, 40), "float32", 1e-2)
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("layer_norm", (6, 40), "float32", 1e-2),
+        Case("rms_norm", (6, 40), "float32", 1e-2),
+        Case("batch_norm", (8, 6, 5), "float32", 1e-2),
+        Case("group_norm", (4, 6, 5), "float32", 1e-2, num_groups=3),
+        Case("instance_norm", (4, 6, 5), "float32", 1e-2),
+    ],
+    ids=_id,
+)
+def test_eps_is_passed_and_the_hook_leaves_it_out(case: Case) -> None:
     spec, _ = _model_ops(case)
     node = next(n for n in spec.nodes if n.op_type in edits.NORMS)
     assert _attrs(node)["epsilon"] == pytest.approx(1e-2, rel=1e-7)  # a FLOAT attribute: 32-bit
@@ -366,3 +396,5 @@ def test_capabilities_name_the_cpu_versions_and_no_backward(name: str) -> None:
     assert "backward" not in caps.features and {"training", "momentum_none", "param_dtype"} <= caps.features
     assert caps.notes["openvino"] == ov.get_version() and caps.notes["onnx"] == onnx.__version__
     assert "f32" in caps.notes["inference_precision"]
+    # ONNX tensors have no memory format; the group ops run through onnx_graphs' graphs.
+    assert "channels_last" not in caps.features and {"group_norm", "instance_norm"} <= caps.ops

@@ -185,9 +185,11 @@ def test_outputs(name: str, case: Case, grad: bool) -> None:
 @pytest.mark.parametrize("name", list(BACKENDS))
 def test_capabilities(name: str) -> None:
     caps = BACKENDS[name].capabilities()
-    assert caps.ops == {"layer_norm", "rms_norm", "batch_norm", "add_rms_norm"}
+    assert caps.ops == {"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"}
     assert caps.dtypes == {"float64", "float32", "float16", "bfloat16"}
     assert caps.features <= set(FEATURES) and "backward" in caps.features
+    # InstanceNorm's running statistics and the channels-last layout (tests/test_backends_torch_groups.py).
+    assert {"running_stats", "channels_last"} <= caps.features
     assert caps.device in ("cpu", "cuda") and caps.device_name
 
 

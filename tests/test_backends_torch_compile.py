@@ -67,15 +67,17 @@ def test_unavailable_without_a_cpp_compiler(monkeypatch: pytest.MonkeyPatch) -> 
         torch_compile.TorchCompile().capabilities()
 
 
-def test_batch_norm_is_declared_only_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_channel_ops_are_declared_only_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(torch_compile.OPS_VARIABLE, raising=False)
     assert torch_compile.declared_ops() == {"layer_norm", "rms_norm", "add_rms_norm"}
     monkeypatch.setenv(torch_compile.OPS_VARIABLE, "all")
-    assert "batch_norm" in torch_compile.declared_ops()
+    assert {"batch_norm", "group_norm", "instance_norm"} <= torch_compile.declared_ops()
     monkeypatch.setenv(torch_compile.OPS_VARIABLE, "rms_norm,batch_norm")
     assert torch_compile.declared_ops() == {"rms_norm", "batch_norm"}
-    monkeypatch.setenv(torch_compile.OPS_VARIABLE, "group_norm")
-    with pytest.raises(BackendUnavailable, match="NORMCONF_TORCH_COMPILE_OPS='group_norm' is not allowed"):
+    monkeypatch.setenv(torch_compile.OPS_VARIABLE, "group_norm,instance_norm")
+    assert torch_compile.declared_ops() == {"group_norm", "instance_norm"}
+    monkeypatch.setenv(torch_compile.OPS_VARIABLE, "group_nrom")
+    with pytest.raises(BackendUnavailable, match="NORMCONF_TORCH_COMPILE_OPS='group_nrom' is not allowed"):
         torch_compile.declared_ops()
 
 
@@ -86,6 +88,45 @@ def test_canonical_case_keeps_rank_size_one_dims_and_fields() -> None:
     )
     assert canon(Case("rms_norm", (1, 5, 6, 7), "bfloat16", 1e-6, norm_ndim=2)).shape == (1, 8, 64, 80)
     assert canon(Case("batch_norm", (4, 3, 1, 7), "float32", 1e-5, training=True)).shape == (8, 64, 1, 12)
+
+
+def test_canonical_group_case_keeps_groups_layout_and_one_channel_groups() -> None:
+    canon = torch_compile._canonical
+    case = Case(
+        "group_norm", (2, 8, 5, 5), "float16", 1e-5, num_groups=4, dist="offset", layout="channels_last"
+    )
+    # C = 4 G would be 16; 8 and 12 (2 G, 3 G) are taken by the batch and spatial dims.
+    assert canon(case) == Case(
+        "group_norm", (8, 16, 12, 20), "float16", 1e-5, num_groups=4, layout="channels_last"
+    )
+    assert canon(Case("group_norm", (3, 32, 7), "float32", 1e-5, num_groups=32)).shape == (8, 32, 12)
+    assert canon(Case("group_norm", (1, 6, 1, 9), "float32", 1e-5, num_groups=3)).shape == (1, 6, 1, 8)
+    modes = {"track_running_stats": True, "training": True, "momentum": None}
+    assert canon(Case("instance_norm", (2, 4, 6, 7), "bfloat16", 1e-5, **modes)) == Case(
+        "instance_norm", (8, 64, 12, 20), "bfloat16", 1e-5, **modes
+    )
+
+
+def test_group_norm_in_channels_last_passes_and_reaches_the_graph_so(backend, monkeypatch) -> None:
+    monkeypatch.setenv(torch_compile.OPS_VARIABLE, "group_norm")
+    case = Case("group_norm", (2, 4, 3, 5), "float32", 1e-5, num_groups=2, layout="channels_last")
+    ctx = checks.CheckContext(tolerances.load(), load_ledger(), timeout=300)
+    result = checks.run_check("backward", backend, backend.capabilities(), case, ctx)
+    assert result.outcome == "passed", result.reason
+    info = result.extra["info"]
+    assert info["memory_format"] == info["dy_memory_format"] == "channels_last"
+    assert info["compile_key"].endswith("|groups=2|layout=channels_last")
+    assert info["compiled_on"] == "8x4x12x20"
+
+
+def test_instance_norm_momentum_none_is_one_step_of_the_average(backend, monkeypatch) -> None:
+    monkeypatch.setenv(torch_compile.OPS_VARIABLE, "instance_norm")
+    case = Case(
+        "instance_norm", (3, 2, 8), "float32", 1e-5, track_running_stats=True, training=True, momentum=None
+    )
+    ctx = checks.CheckContext(tolerances.load(), load_ledger(), timeout=300)
+    result = checks.run_check("training", backend, backend.capabilities(), case, ctx)
+    assert result.outcome == "passed", result.reason
 
 
 # Prepares the listed cases (backward) in one fresh process with its own inductor cache and prints a

@@ -9,12 +9,15 @@ import platform
 import re
 import subprocess
 import sys
+import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conformance.bench import sweep
+from conformance.bench import bytemodel, sweep
+from conformance.model.case import Case
 from conformance.results import benchjson
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,11 +39,13 @@ FAST = "fake-numpy,torch-eager,torch-nn,torch-functional"
 pytest.importorskip("pytest_benchmark")
 
 
-def bench(*args: str, fakes: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def bench(
+    *args: str, fakes: bool = True, timeout: float = 300, paths: Sequence[Path] = ()
+) -> subprocess.CompletedProcess[str]:
     """``python -m pytest conformance/bench <args>`` from the repository root, as a user runs it."""
     # An xdist worker's variables would make pytest-benchmark in the child believe it runs under xdist.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), str(TESTS), os.environ.get("PYTHONPATH", "")])
     plugins = ["-p", "normconf_bench_fakes"] if fakes else []
     command = [sys.executable, "-m", "pytest", "conformance/bench", "-p", "no:cacheprovider", *plugins]
     return subprocess.run(
@@ -61,7 +66,9 @@ def test_every_benchmark_runs_once_with_timing_disabled() -> None:
     # The copy, then forward and backward of every case on every backend; skips only for what a
     # backend does not declare.
     assert counts.get("passed", 0) + counts.get("skipped", 0) == 1 + 4 * 2 * len(sweep.cases("tiny"))
-    assert counts.get("passed", 0) >= 1 + 3 * 2 * len(sweep.cases("tiny"))  # the torch backends run all
+    # The torch backends run every row-op case; the image ops run where a backend declares them.
+    rows = [case for case in sweep.cases("tiny") if case.op in sweep.OPS]
+    assert counts.get("passed", 0) >= 1 + 3 * 2 * len(rows)
     skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
     assert all("unsupported:" in line for line in skips), skips
 
@@ -210,3 +217,90 @@ def test_tables_script_reads_the_json(timed: dict[str, Any]) -> None:
     for title in ("LayerNorm vs RMSNorm", "Fused vs composed", "Best and worst roofline", "Noise between"):
         assert title in done.stdout
     assert "| forward | torch-nn | composed | float32 |" in done.stdout
+
+
+# A backend for GroupNorm and InstanceNorm only: the oracle, rounded to the case's dtypes. The
+# benchmark path of the image ops runs on it whichever real backends declare those ops.
+IMAGE_FAKE = """
+    import conformance
+    from conformance import oracle
+    from conformance.adapter.backend import FEATURES, Capabilities
+    from conformance.model.dtypes import numpy_dtype
+    from conformance.model.outputs import output_dtype, produced
+
+
+    class Prepared:
+        def __init__(self, case, inputs, grad):
+            self.case, self.inputs, self.grad, self.result = case, inputs, grad, {}
+
+        def __call__(self):
+            out = oracle.evaluate(self.case, self.inputs, grad=self.grad)
+            names = produced(self.case, self.grad)
+            self.result = {n: out[n].astype(numpy_dtype(output_dtype(self.case, n))) for n in names}
+
+        def synchronize(self):
+            pass
+
+        def outputs(self):
+            return self.result
+
+
+    @conformance.register("fake-oracle-images")
+    class OracleImages:
+        name = "fake-oracle-images"
+
+        def capabilities(self):
+            ops, dtypes = {"group_norm", "instance_norm"}, {"float64", "float32", "float16", "bfloat16"}
+            return Capabilities(frozenset(ops), frozenset(dtypes), frozenset(FEATURES), "cpu", "numpy")
+
+        def prepare(self, case, inputs, *, grad):
+            return Prepared(case, inputs, grad)
+"""
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("images")
+    (folder / "normconf_image_fake.py").write_text(textwrap.dedent(IMAGE_FAKE))
+    out = folder / "bench.json"
+    done = bench(
+        "--benchmark-only", "--bench-profile", "tiny", "--op", "group_norm,instance_norm",
+        "--backend", "fake-oracle-images", "-p", "normconf_image_fake",
+        "--bench-time", "0.002", "--benchmark-min-rounds", "2", "--bench-copy-mib", "1",
+        "--bench-threads", "1", "--benchmark-json", str(out),
+        fakes=False, paths=[folder],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {"json": json.loads(out.read_text()), "path": out}
+
+
+def test_image_op_records_carry_the_byte_model(images: dict[str, Any]) -> None:
+    records = [b["extra_info"] for b in images["json"]["benchmarks"] if "case_id" in b["extra_info"]]
+    tiny = [case for case in sweep.cases("tiny") if case.op in ("group_norm", "instance_norm")]
+    assert sorted((r["case_id"], r["check"]) for r in records) == sorted(
+        (case.id, check) for case in tiny for check in ("forward", "backward")
+    )
+    for record in records:
+        case = Case.from_dict(record["case"])
+        traffic = bytemodel.traffic(case, record["check"])
+        assert (record["bytes"], record["weight_bytes"]) == (traffic.activations, traffic.weights)
+        assert record["gbps"] > 0 and record["roofline_fraction"] > 0
+
+
+def test_tables_script_has_an_image_section(images: dict[str, Any]) -> None:
+    script = ROOT / "scripts" / "bench_tables.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(images["path"]), "--noise", str(images["path"])],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    section = done.stdout.split("### GroupNorm and InstanceNorm per image shape", 1)[1].split("###", 1)[0]
+    lines = [
+        line for line in section.splitlines() if line.startswith("| forward") or line.startswith("| backward")
+    ]
+    assert len(lines) == 2 * 2 * 3  # two ops, two checks, three dtypes
+    assert "| forward | fake-oracle-images | group_norm | 2x8x4x4 | 2 | float32 |" in section
+    assert "| forward | fake-oracle-images | instance_norm | 2x8x4x4 | 8 | bfloat16 |" in section
+    # Image shapes are their own noise group, not rows of an LN-sized table.
+    noise = done.stdout.split("### Noise between the two runs", 1)[1]
+    assert "| image | 12 |" in noise and "| mid |" not in noise

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -11,13 +13,33 @@ from conformance.model import profiles
 
 def test_sweep_covers_ops_dtypes_hidden_sizes_and_decode_rows() -> None:
     cases = sweep.cases("sweep")
-    assert {c.op for c in cases} == {"layer_norm", "rms_norm", "add_rms_norm"}
+    rows = [c for c in cases if c.op in sweep.OPS]
+    assert {c.op for c in cases} == {*sweep.OPS, "group_norm", "instance_norm"}
     assert {c.dtype for c in cases} == {"float32", "float16", "bfloat16"}
-    assert {4096, 8192} <= {c.shape[-1] for c in cases}
-    assert min(c.rows for c in cases) == 1
+    assert {4096, 8192} <= {c.shape[-1] for c in rows}
+    assert min(c.rows for c in rows) == 1
     # Memory-bound shapes: tensors of 64 MiB in float32, beyond any last-level cache here.
-    assert max(c.rows * c.shape[-1] * 4 for c in cases) >= 64 << 20
+    assert max(math.prod(c.shape) * 4 for c in rows) >= 64 << 20
     assert len({c.id for c in cases}) == len(cases)
+
+
+def test_sweep_has_diffusion_group_norm_and_instance_norm_images_in_every_dtype() -> None:
+    cases = sweep.cases("sweep")
+    groups = {(c.shape, c.num_groups) for c in cases if c.op == "group_norm"}
+    assert {((2, 320, 64, 64), 32), ((1, 512, 32, 32), 32)} <= groups
+    images = [c for c in cases if c.op == "instance_norm"]
+    assert images and all(len(c.shape) == 4 and not c.track_running_stats for c in images)
+    for op in ("group_norm", "instance_norm"):
+        chosen = [c for c in cases if c.op == op]
+        assert {c.dtype for c in chosen} == set(sweep.DTYPES), op
+        # One shape at least beyond a 32 MiB L3 or at 16 MiB: the group ops get a DRAM figure too.
+        assert max(math.prod(c.shape) * 4 for c in chosen) >= 16 << 20, op
+
+
+@pytest.mark.parametrize("profile", ["quick", "tiny"])
+def test_short_profiles_keep_group_norm_and_instance_norm(profile: str) -> None:
+    ops = {c.op for c in sweep.cases(profile)}
+    assert ops == {*sweep.OPS, "group_norm", "instance_norm"}
 
 
 def test_decode_shapes_join_the_ci_profile_by_case_id() -> None:

@@ -94,7 +94,7 @@ def _bad_files(tmp_path):
         (("compare", "{tmp}/ok.jsonl", "{tmp}/v9.jsonl"), "schema=10 is not allowed"),
         (("compare", "{tmp}/ok.jsonl", "{tmp}/ok.jsonl", "--growth", "0.5"), "--growth=0.5"),
         (("cases", "--profile", "huge"), "--profile='huge' is not allowed; allowed: smoke, ci, full"),
-        (("cases", "--op", "group_norm"), "--op='group_norm' is not allowed"),
+        (("cases", "--op", "spectral_norm"), "--op='spectral_norm' is not allowed"),
         (("cases", "--shard", "3/2"), "--shard='3/2' is not allowed; allowed: K/N with 1 <= K <= N"),
         (("cases", "--cases", "{tmp}/missing.toml"), "missing.toml"),
         (("run", "--profile", "huge"), "--profile='huge' is not allowed"),

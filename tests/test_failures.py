@@ -3,6 +3,7 @@ replays in a fresh process (from another folder) with the same figures."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -16,10 +17,14 @@ import pytest
 from conftest import ROOT, TESTS
 
 import conformance
+from conformance import oracle
+from conformance.adapter.backend import FEATURES, Capabilities
 from conformance.failures import bundle
 from conformance.failures import shrink as failures
 from conformance.judging import tolerances
 from conformance.model.case import Case
+from conformance.model.dtypes import numpy_dtype
+from conformance.model.outputs import output_dtype, produced
 from conformance.running import checks
 
 TABLE = tolerances.load()
@@ -70,6 +75,105 @@ def test_collapsed_leading_dims_and_two_normalized_dims():
     first, run = _first(_fake("fake-wrong-axes"), case)
     shrunk, _ = failures.shrink(first, run)
     assert len(shrunk.case.shape) == 3 and shrunk.case.shape[:2] == (1, 4)
+
+
+class _ShortcutPrepared:
+    def __init__(self, case, inputs, grad):
+        self.case, self.inputs, self.grad, self.result = case, inputs, grad, {}
+
+    def __call__(self):
+        case = self.case
+        x = self.inputs["x"].astype(np.float64).reshape(case.shape[0], case.groups, -1)
+        constant = np.ptp(x, axis=2).max(axis=1) == 0  # per sample: every group without spread
+        out = oracle.evaluate(case, self.inputs, grad=self.grad)
+        out["y"] = np.where(constant.reshape(-1, *(1,) * (len(case.shape) - 1)), 0.0, out["y"])
+        if case.training:
+            out |= self.running_without(constant)
+        names = produced(case, self.grad)
+        self.result = {n: out[n].astype(numpy_dtype(output_dtype(case, n))) for n in names}
+
+    def running_without(self, constant):
+        """The running statistics updated from the other samples only (unchanged if there are none)."""
+        running = {name: self.inputs[name] for name in ("running_mean", "running_var")}
+        if constant.all():
+            return running
+        varied = dataclasses.replace(self.case, shape=(int((~constant).sum()), *self.case.shape[1:]))
+        out = oracle.evaluate(varied, {**self.inputs, "x": self.inputs["x"][~constant]}, grad=False)
+        return {name: out[name] for name in running}
+
+    def synchronize(self):
+        pass
+
+    def outputs(self):
+        return self.result
+
+
+class ConstantSampleShortcut:
+    """GroupNorm/InstanceNorm by the oracle, wrong on a sample whose groups are all constant: a
+    zero-variance shortcut returns 0 there (the bias forgotten), and a training step leaves such
+    samples out of the running statistics' batch average. Not registered: the shrinker is handed it."""
+
+    name = "fake-constant-sample-shortcut"
+
+    def capabilities(self):
+        return Capabilities(
+            frozenset({"group_norm", "instance_norm"}), frozenset({"float32"}), frozenset(FEATURES)
+        )
+
+    def prepare(self, case, inputs, *, grad):
+        return _ShortcutPrepared(case, inputs, grad)
+
+
+def _with_constant_sample(case, sample):
+    """The case's inputs with every group of ``sample`` set to its first value."""
+    inputs = conformance.model.inputs.make_inputs(case, grad=True)
+    x = inputs["x"][sample].reshape(case.groups, -1)
+    inputs["x"][sample] = np.repeat(x[:, :1], x.shape[1], axis=1).reshape(case.shape[1:])
+    return inputs
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("group_norm", (8, 6, 10), "float32", 1e-5, num_groups=3),
+        Case("instance_norm", (8, 3, 2, 3), "float32", 1e-5),
+    ],
+    ids=lambda case: case.id,
+)
+def test_a_group_op_failure_shrinks_to_the_failing_sample(case):
+    """The worst element of y lies in the broken sample: it alone is tried first, and still fails."""
+    inputs = _with_constant_sample(case, 5)
+    run = failures.runner(ConstantSampleShortcut(), ("y",), False, TABLE, 30)
+    first = run(case, {k: v for k, v in inputs.items() if k != "dy"})
+    assert first is not None and first.failing == {"y"}
+    tried = []
+
+    def counted(smaller, given):
+        tried.append(smaller.shape)
+        return run(smaller, given)
+
+    alone, kept = failures.fewest_units(first, counted)
+    assert kept == [5] and tried == [(1, *case.shape[1:])] and alone.failing == {"y"}
+    shrunk, info = failures.shrink(first, run)
+    assert shrunk.case.shape == (1, *case.shape[1:]) and shrunk.failing == {"y"}
+    assert info["kept_units"] == [5] and not info["regenerated"]  # fresh inputs have no constant sample
+    np.testing.assert_array_equal(shrunk.inputs["x"][0], inputs["x"][5])
+    np.testing.assert_array_equal(shrunk.inputs["weight"], inputs["weight"])  # per channel: kept whole
+
+
+def test_a_running_statistics_failure_halves_the_samples_down_to_one():
+    """Running statistics are per channel, so no element points at a sample: halving finds it."""
+    case = Case("instance_norm", (8, 3, 6), "float32", 1e-5, training=True, track_running_stats=True)
+    inputs = _with_constant_sample(case, 5)
+    run = failures.runner(ConstantSampleShortcut(), ("running_mean", "running_var"), False, TABLE, 30)
+    first = run(case, {k: v for k, v in inputs.items() if k != "dy"})
+    assert first is not None and "running_mean" in first.failing
+    assert failures._worst_unit(first) is None
+    shrunk, kept = failures.fewest_units(first, run)
+    assert kept == [5] and shrunk.case.shape == (1, 3, 6)
+    np.testing.assert_array_equal(shrunk.inputs["x"][0], inputs["x"][5])
+    for name in ("running_mean", "running_var"):
+        np.testing.assert_array_equal(shrunk.inputs[name], inputs[name])
 
 
 def test_bundles_store_bfloat16_losslessly(tmp_path):

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 from normconf_fakes import NumpyFake
+from normconf_group_fakes import GroupFake
 
 import conformance
 from conformance import oracle
@@ -46,6 +47,22 @@ CONVENTIONS = {
     "fake-bn-biased-running-var": {"batch_norm.running_var": "biased"},
     "fake-bias-ignored": {"layer_norm.bias": "ignored", "batch_norm.bias": "ignored"},
     "fake-wrong-axes": {"layer_norm.axes": "last-dim", "rms_norm.axes": "last-dim"},
+    # GroupNorm / InstanceNorm (tests/normconf_group_fakes.py)
+    "fake-group-numpy": {},
+    "fake-gn-per-channel-stats": {"group_norm.groups": "per-channel"},
+    "fake-gn-per-group-affine": {"group_norm.affine": "per-group"},
+    "fake-gn-one-pass-variance": {
+        "group_norm.passes": "one-pass",
+        "instance_norm.passes": "one-pass",
+        # As for LayerNorm: float32 one-pass statistics are themselves wrong on the float16 probe.
+        "group_norm.stats_precision.float16": "unmatched",
+    },
+    "fake-in-frozen-running-stats": {
+        "instance_norm.momentum": "not-updated",
+        "instance_norm.momentum_none": "as-0",
+        # Neither variance explains a running variance that did not move.
+        "instance_norm.running_var": "unmatched",
+    },
 }
 DEFAULT_EPS = [name for name, q in QUESTIONS.items() if q.default_eps]
 
@@ -59,11 +76,26 @@ def _answers(backend):
     return {name: ask(backend, caps, q, timeout=30) for name, q in QUESTIONS.items()}
 
 
+def _asked(backend, names):
+    """The questions of ``names`` about an op the backend declares (the others are unsupported)."""
+    ops = backend.capabilities().ops
+    return [name for name in names if QUESTIONS[name].op in ops]
+
+
+def test_the_convention_fakes_cover_every_question():
+    ops = set().union(*(_backend(fake).capabilities().ops for fake in CONVENTIONS))
+    assert {q.op for q in QUESTIONS.values()} <= ops
+
+
 @pytest.mark.parametrize("fake", sorted(CONVENTIONS))
 def test_each_convention_fake_is_identified(fake):
-    answers = _answers(_backend(fake))
+    backend = _backend(fake)
+    answers = _answers(backend)
     for name, q in QUESTIONS.items():
         if q.default_eps:
+            continue
+        if q.op not in backend.capabilities().ops:
+            assert answers[name].outcome == "unsupported", (name, answers[name].reason)
             continue
         expected = CONVENTIONS[fake].get(name, q.reference)
         record = answers[name]
@@ -101,23 +133,64 @@ def test_every_hypothesis_is_far_from_every_other_on_its_probe():
             assert verdict.answer == h and verdict.matched, (name, h, verdict.evidence)
 
 
+class GroupEpsOutsideSqrt(GroupFake):
+    """GroupNorm/InstanceNorm dividing by sqrt(var) + eps."""
+
+    name = "group-eps-outside-sqrt"
+
+    def rstd(self, var, eps):
+        return 1.0 / (np.sqrt(var) + np.asarray(eps, var.dtype))
+
+
+class GroupUnbiasedVariance(GroupFake):
+    name = "group-unbiased-variance"
+
+    def stats(self, x, axes):
+        mean, var = super().stats(x, axes)
+        n = int(np.prod([x.shape[a] for a in axes]))
+        return mean, var * (n / (n - 1))
+
+
+def test_group_convention_variants_are_identified():
+    """eps placement and the variance divisor, asked of GroupNorm and InstanceNorm alike."""
+    for fake, answer, questions in (
+        (GroupEpsOutsideSqrt(), "added-to-std", ("group_norm.eps", "instance_norm.eps")),
+        (GroupUnbiasedVariance(), "unbiased", ("group_norm.variance", "instance_norm.variance")),
+    ):
+        for name in questions:
+            record = ask(fake, fake.capabilities(), QUESTIONS[name], timeout=30)
+            assert (record.answer, record.matched) == (answer, True), (name, record.evidence)
+
+
+@pytest.mark.parametrize("fake_class", [NumpyFake, GroupFake])
 @pytest.mark.parametrize("eps", [1e-5, 1e-6, 1e-12])
-def test_default_eps_is_inferred_from_the_outputs(eps):
-    fake = NumpyFake()
+def test_default_eps_is_inferred_from_the_outputs(fake_class, eps):
+    fake = fake_class()
     fake.default_eps = eps
     caps = fake.capabilities()
     names = {1e-5: "1e-05", 1e-6: "1e-06", 1e-12: "1e-12"}
-    for name in DEFAULT_EPS:
+    asked = _asked(fake, DEFAULT_EPS)
+    assert asked
+    for name in asked:
         record = ask(fake, caps, QUESTIONS[name], timeout=30)
         assert record.answer == names[eps], (name, record.estimate)
         assert record.estimate == pytest.approx(eps, rel=0.01)
 
 
-def test_default_eps_is_found_wherever_the_backend_adds_it():
-    fake = _backend("fake-eps-outside-sqrt")
-    for name in DEFAULT_EPS:
+@pytest.mark.parametrize(
+    "fake", [_backend("fake-eps-outside-sqrt"), GroupEpsOutsideSqrt()], ids=lambda fake: fake.name
+)
+def test_default_eps_is_found_wherever_the_backend_adds_it(fake):
+    for name in _asked(fake, DEFAULT_EPS):
         record = ask(fake, fake.capabilities(), QUESTIONS[name], timeout=30)
         assert record.answer == "1e-05", (name, record.estimate)
+
+
+@pytest.mark.parametrize("fake", ["fake-gn-per-channel-stats", "fake-gn-one-pass-variance"])
+def test_default_eps_is_found_whatever_the_group_statistics(fake):
+    backend = _backend(fake)
+    for name in _asked(backend, DEFAULT_EPS):
+        assert ask(backend, backend.capabilities(), QUESTIONS[name], timeout=30).answer == "1e-05", name
 
 
 def test_an_unlisted_default_eps_is_reported_with_its_estimate():
@@ -206,6 +279,21 @@ def test_torch_defaults_and_statistics_precision(torch_answers):
         assert backend["layer_norm.eps"] == "inside-sqrt" and backend["batch_norm.momentum"] == "torch"
 
 
+@torch_only
+def test_torch_group_and_instance_norm_conventions(torch_answers):
+    """torch's GroupNorm/InstanceNorm follow the reference everywhere but one place: nn.InstanceNorm*d
+    passes momentum 0 to F.instance_norm when momentum=None, so its running statistics never move."""
+    grouped = [n for n, q in QUESTIONS.items() if q.op in ("group_norm", "instance_norm")]
+    for backend, found in torch_answers.items():
+        if found["group_norm.eps"].outcome == "unsupported":
+            continue  # the adapter does not declare the op (yet)
+        answers = {name: found[name].answer for name in grouped}
+        expected = {n: "1e-05" if QUESTIONS[n].default_eps else QUESTIONS[n].reference for n in grouped}
+        if backend == "torch-nn":
+            expected["instance_norm.momentum_none"] = "as-0"
+        assert answers == expected, backend
+
+
 def test_suite_run_records_fingerprints_and_properties_and_prints_their_tables(suite):
     run = suite(
         "-p",
@@ -235,7 +323,9 @@ def test_suite_run_records_fingerprints_and_properties_and_prints_their_tables(s
     assert invariant + "fake-spreads-nan (16 examples)\n" in run.output
 
 
-def test_default_eps_is_found_whatever_the_normalization_variance():
-    fake = _backend("fake-unbiased-variance")
-    for name in DEFAULT_EPS:
+@pytest.mark.parametrize(
+    "fake", [_backend("fake-unbiased-variance"), GroupUnbiasedVariance()], ids=lambda fake: fake.name
+)
+def test_default_eps_is_found_whatever_the_normalization_variance(fake):
+    for name in _asked(fake, DEFAULT_EPS):
         assert ask(fake, fake.capabilities(), QUESTIONS[name], timeout=30).answer == "1e-05", name

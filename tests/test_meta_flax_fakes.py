@@ -1,5 +1,5 @@
-"""Meta-test: Flax adapters with the momentum convention backwards, or eps left at Flax's default,
-are caught.
+"""Meta-test: Flax adapters with the momentum convention backwards, eps left at Flax's default, or
+GroupNorm's x handed to linen.GroupNorm channels-first (untransposed), are caught.
 
 The fakes (tests/normconf_flax_fakes.py) run real jitted Flax linen modules; the correct flax adapter
 runs the same cases in the same run and passes them.
@@ -85,3 +85,58 @@ def test_eps_left_at_flax_default_is_caught(suite):
     for record in fake:
         assert "y" in _failing_outputs(record)
         assert "output 'y' out of tolerance" in record["reason"]
+
+
+LAYOUT = "fake-flax-group-layout"
+
+
+def test_group_norm_given_channels_first_is_caught(suite):
+    """linen.GroupNorm given x (N, C, L) untransposed groups L: without an affine it runs silently."""
+    run = suite(
+        "-p",
+        "normconf_flax_fakes",
+        "--backend",
+        f"flax,{LAYOUT}",
+        "--op",
+        "group_norm",
+        "--dtype",
+        "float32",
+        "--profile",
+        "ci",
+        "-k",
+        "test_forward and now-nob",
+    )
+    assert run.returncode == 1, run.output[-3000:]
+    real = _checked(run, "forward", "flax", weight=False, bias=False)
+    assert real and {r["outcome"] for r in real} == {"passed"}
+    fake = _checked(run, "forward", LAYOUT, weight=False, bias=False)
+    assert fake and {r["outcome"] for r in fake} == {"failed"}
+    for record in fake:
+        assert _failing_outputs(record) == {"y"}
+        assert "output 'y' out of tolerance" in record["reason"]
+
+
+def test_eps_left_at_flax_default_is_caught_on_group_ops(suite):
+    """GroupNorm and InstanceNorm run with Flax's 1e-6 instead of the case's 1e-2 on near-constant groups."""
+    run = suite(
+        "-p",
+        "normconf_flax_fakes",
+        "--backend",
+        f"flax,{EPS}",
+        "--op",
+        "group_norm,instance_norm",
+        "--dtype",
+        "float32",
+        "--profile",
+        "ci",
+        "-k",
+        "test_forward and near_constant and eps0.01",
+    )
+    assert run.returncode == 1, run.output[-3000:]
+    real = _checked(run, "forward", "flax", eps=0.01)
+    assert {r["case"]["op"] for r in real} == {"group_norm", "instance_norm"}
+    assert {r["outcome"] for r in real} == {"passed"}
+    fake = _checked(run, "forward", EPS, eps=0.01)
+    assert {r["case"]["op"] for r in fake} == {"group_norm", "instance_norm"}
+    assert {r["outcome"] for r in fake} == {"failed"}
+    assert all(_failing_outputs(r) == {"y"} for r in fake)

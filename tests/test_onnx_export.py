@@ -1,13 +1,15 @@
-"""The onnx-export adapter: opset selection, the export cache, what the exporter cannot express, and
-dtypes ORT has no kernel for."""
+"""The onnx-export adapter: opset selection, the export cache, what the exporter cannot express,
+dtypes ORT has no kernel for, and the graphs GroupNorm and InstanceNorm export to."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from conformance import oracle
 from conformance.adapter.backend import BackendUnavailable, Unsupported
 from conformance.model.case import Case
+from conformance.model.dtypes import unit_roundoff
 from conformance.model.inputs import make_inputs
 
 pytest.importorskip("onnxruntime")
@@ -104,3 +106,54 @@ def test_an_export_the_onnx_checker_rejects_is_unsupported_with_its_message():
     case = Case("layer_norm", (4, 16), "float16", 1e-5, param_dtype="float32")
     with pytest.raises(Unsupported, match=r"fails the ONNX checker.*Scale has inconsistent type"):
         _prepare(export.OnnxExport(), case)
+
+
+def _agrees(case, prepared, inputs):
+    """y within a test-local 8 float32 ulps of the float64 oracle, relative to max(1, |y|)."""
+    expected = oracle.evaluate(case, inputs, grad=False)["y"]
+    err = np.max(np.abs(prepared.outputs()["y"].astype(np.float64) - expected))
+    assert err <= 8 * unit_roundoff("float32") * max(1.0, np.max(np.abs(expected)))
+
+
+@pytest.mark.parametrize(
+    ("opset", "graph"),
+    [
+        # Below 21 the exporter normalizes (N, G, -1) with InstanceNormalization (scale 1, bias 0),
+        # then applies the per-channel affine; from 21 it emits GroupNormalization-21.
+        (18, "Reshape+InstanceNormalization+Shape+Unsqueeze+Mul+Add"),
+        (21, "GroupNormalization"),
+    ],
+)
+def test_group_norm_exports_by_opset(monkeypatch, opset, graph):
+    monkeypatch.setenv(export.OPSET_VARIABLE, str(opset))
+    case = Case("group_norm", (2, 8, 5), "float32", 1e-5, num_groups=4)
+    inputs = make_inputs(case, grad=False)
+    prepared = export.OnnxExport().prepare(case, inputs, grad=False)
+    prepared()
+    info = prepared.info()
+    assert info["opset"] == opset and info["graph"] == graph
+    _agrees(case, prepared, inputs)
+
+
+def test_instance_norm_with_running_statistics_exports_batch_normalization_in_eval(monkeypatch):
+    monkeypatch.delenv(export.OPSET_VARIABLE, raising=False)
+    case = Case("instance_norm", (4, 3, 10), "float32", 1e-5, track_running_stats=True)
+    inputs = make_inputs(case, grad=False)
+    prepared = export.OnnxExport().prepare(case, inputs, grad=False)
+    prepared()
+    graph = prepared.info()["graph"].split("+")
+    assert "BatchNormalization" in graph and "Tile" in graph and "InstanceNormalization" not in graph
+    _agrees(case, prepared, inputs)
+
+
+def test_training_instance_norm_with_running_statistics_is_unsupported_with_what_the_export_computes():
+    case = Case("instance_norm", (4, 3, 10), "float32", 1e-5, track_running_stats=True, training=True)
+    with pytest.raises(
+        Unsupported, match=r"InstanceNorm with track_running_stats has graph outputs .*InstanceNormalization"
+    ):
+        _prepare(export.OnnxExport(), case)
+
+
+def test_channels_last_is_not_declared():
+    caps = export.OnnxExport().capabilities()
+    assert "channels_last" not in caps.features and {"group_norm", "instance_norm"} <= caps.ops

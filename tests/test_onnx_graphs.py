@@ -1,12 +1,14 @@
 """The onnxruntime adapter: graph builders, convention translations, the session cache, dtypes ORT lacks,
-and agreement with a float64 NumPy reference written here for the translated BatchNorm update."""
+agreement with a float64 NumPy reference written here for the translated BatchNorm update, and the
+GroupNorm/InstanceNorm graphs (GroupNormalization-21 and -18, InstanceNorm's running statistics)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from conformance.adapter.backend import Unsupported
+from conformance import oracle
+from conformance.adapter.backend import BackendUnavailable, Unsupported
 from conformance.model.case import Case
 from conformance.model.dtypes import unit_roundoff
 from conformance.model.inputs import make_inputs
@@ -28,7 +30,8 @@ def _attrs(node):
 
 
 def _nodes(case, compute=None):
-    spec = graphs.build(case, compute or case.weight_dtype, graphs.OnnxRuntime())
+    backend = graphs.OnnxRuntime()
+    spec = graphs.build(case, graphs.Plan(compute or case.weight_dtype, backend.opset(case)), backend)
     onnx.checker.check_model(spec.model(), full_check=True)
     return {node.op_type: node for node in spec.nodes}, spec
 
@@ -168,3 +171,185 @@ def test_bfloat16_crosses_into_ort_as_its_bits():
     _, prepared = _run(graphs.OnnxRuntime(), case)
     y = prepared.outputs()["y"]
     assert y.dtype.name == "bfloat16" and y.shape == (4, 16) and np.all(np.isfinite(y.astype(np.float32)))
+
+
+# --- GroupNorm and InstanceNorm ---------------------------------------------------------------------
+
+
+def _within(case, out, inputs, outputs=("y",)):
+    """Each output within BOUND_ULPS of the float64 oracle, relative to max(1, |expected|)."""
+    expected = oracle.evaluate(case, inputs, grad=False)
+    u = max(unit_roundoff(case.dtype), unit_roundoff("float32"))
+    for name in outputs:
+        err = np.max(np.abs(out[name].astype(np.float64) - expected[name]))
+        assert err <= BOUND_ULPS * u * max(1.0, np.max(np.abs(expected[name]))), name
+
+
+@pytest.mark.parametrize(
+    ("dtype", "stash"), [("float32", "FLOAT"), ("float16", "FLOAT"), ("float64", "DOUBLE")]
+)
+def test_group_norm_21_takes_the_per_channel_affine_and_float32_statistics(monkeypatch, dtype, stash):
+    monkeypatch.delenv(graphs.GROUP_NORM_VARIABLE, raising=False)
+    case = Case("group_norm", (2, 8, 5), dtype, 1e-5, num_groups=4)
+    nodes, spec = _nodes(case)
+    attrs = _attrs(nodes["GroupNormalization"])
+    assert spec.model().opset_import[0].version == 21 and [n.op_type for n in spec.nodes] == [
+        "GroupNormalization"
+    ]
+    assert attrs["num_groups"] == 4 and attrs["stash_type"] == getattr(onnx.TensorProto, stash)
+    assert [i.type.tensor_type.shape.dim[0].dim_value for i in spec.inputs[1:]] == [8, 8]
+    info = graphs.OnnxRuntime().prepare(case, make_inputs(case, grad=False), grad=False).info()
+    assert info["stash_type"] == {"FLOAT": "float32", "DOUBLE": "float64"}[stash]
+    assert info["group_affine"] == "per_channel" and info["opset"] == 21
+
+
+@pytest.mark.parametrize("value", ["17", "20", "22", "x"])
+def test_a_group_norm_opset_other_than_18_or_21_makes_the_backend_unavailable(monkeypatch, value):
+    monkeypatch.setenv(graphs.GROUP_NORM_VARIABLE, value)
+    with pytest.raises(BackendUnavailable, match=rf"NORMCONF_ORT_GROUP_NORM_OPSET='{value}'.*18 or 21"):
+        graphs.OnnxRuntime().capabilities()
+
+
+@pytest.mark.parametrize(
+    ("case", "affine", "ops"),
+    [
+        # Random per-channel weights vary within a group: scale 1, bias 0, then Mul and Add per channel.
+        (
+            Case("group_norm", (2, 8, 5), "float32", 1e-5, num_groups=4),
+            "composed",
+            "Unsqueeze+Unsqueeze+Mul+Add",
+        ),
+        (Case("group_norm", (3, 6), "float64", 1e-5, num_groups=2), "composed", "Mul+Add"),
+        # One channel per group, or no affine: the values are the groups' own.
+        (Case("group_norm", (2, 8, 5), "float32", 1e-5, num_groups=8), "per_group", ""),
+        (
+            Case("group_norm", (2, 8, 5), "float32", 1e-5, num_groups=2, weight=False, bias=False),
+            "per_group",
+            "",
+        ),
+        (
+            Case("group_norm", (2, 8, 5, 3), "float16", 1e-5, num_groups=2, param_dtype="float32"),
+            "composed",
+            "",
+        ),
+    ],
+    ids=lambda v: v.id if isinstance(v, Case) else str(v),
+)
+def test_group_norm_18_takes_the_affine_per_group_or_composed(monkeypatch, case, affine, ops):
+    monkeypatch.setenv(graphs.GROUP_NORM_VARIABLE, "18")
+    backend = graphs.OnnxRuntime()
+    inputs, prepared = _run(backend, case)
+    info = prepared.info()
+    assert info["opset"] == 18 and info["group_affine"] == affine and "stash_type" not in info
+    assert info["graph"].split("+").count("GroupNormalization") == 1 and ops in info["graph"]
+    # ONNX's checker rejects the deprecated op; the graph is shape-checked and the result says so.
+    assert "deprecated" in info["onnx_checker"]
+    fed = graphs.feeds(case, inputs, backend.plan(case, inputs))
+    assert fed["weight"].shape == ((case.groups,) if affine == "per_group" else (case.shape[1],))
+    _within(case, prepared.outputs(), inputs)
+    # The same case at opset 21 computes the same function.
+    monkeypatch.setenv(graphs.GROUP_NORM_VARIABLE, "21")
+    _, at21 = _run(graphs.OnnxRuntime(), case)
+    assert at21.info()["opset"] == 21
+    _within(case, at21.outputs(), inputs)
+
+
+def test_per_group_values_are_used_only_where_the_weights_are_constant_within_each_group(monkeypatch):
+    monkeypatch.setenv(graphs.GROUP_NORM_VARIABLE, "18")
+    case = Case("group_norm", (2, 8, 5), "float32", 1e-5, num_groups=4)
+    inputs = dict(make_inputs(case, grad=False))
+    backend = graphs.OnnxRuntime()
+    assert backend.plan(case, inputs).affine == "composed"
+    inputs["weight"] = np.repeat(np.float32([0.5, 2.0, -1.0, 3.0]), 2)
+    inputs["bias"] = np.repeat(np.float32([0.0, 1.0, -2.0, 0.25]), 2)
+    chosen = backend.plan(case, inputs)
+    assert chosen.affine == "per_group"
+    assert graphs.feeds(case, inputs, chosen)["weight"].tolist() == [0.5, 2.0, -1.0, 3.0]
+    prepared = backend.prepare(case, inputs, grad=False)
+    prepared()
+    _within(case, prepared.outputs(), inputs)
+
+
+@pytest.mark.skipif(not CPU, reason="kernel coverage is the CPU provider's")
+@pytest.mark.parametrize("opset", [18, 21])
+def test_ort_runs_group_normalization_as_its_function_body(monkeypatch, tmp_path, opset):
+    # ORT 1.32's CPU provider registers no GroupNormalization kernel: the session inlines the ONNX
+    # function body (ReduceMean, E[x^2] - E[x]^2, ...), visible in the graph it writes out unoptimized.
+    monkeypatch.setenv(graphs.GROUP_NORM_VARIABLE, str(opset))
+    case = Case("group_norm", (2, 8, 5), "float32", 1e-5, num_groups=8)
+    backend = graphs.OnnxRuntime()
+    spec = graphs.build(case, backend.plan(case, make_inputs(case, grad=False)), backend)
+    options = _ort.ort.SessionOptions()
+    options.graph_optimization_level = _ort.ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "inlined.onnx")
+    _ort.ort.InferenceSession(spec.model().SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ops = {node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node}
+    assert "GroupNormalization" not in ops and {"ReduceMean", "Sqrt", "Div"} <= ops
+    assert _run(backend, case)[1].info()["ort_kernel"] == "function body"
+
+
+def test_instance_norm_passes_ones_and_zeros_for_an_absent_affine():
+    case = Case("instance_norm", (2, 6, 10), "float32", 1e-5, weight=False, bias=False)
+    _, spec = _nodes(case)
+    assert [n.op_type for n in spec.nodes] == ["InstanceNormalization"]
+    assert spec.model().opset_import[0].version == 22
+    inputs, prepared = _run(graphs.OnnxRuntime(), case)
+    fed = graphs.feeds(case, inputs, graphs.OnnxRuntime().plan(case, inputs))
+    assert np.all(fed["weight"] == 1) and np.all(fed["bias"] == 0)
+    assert prepared.info()["ort_kernel"] == "kernel"
+    _within(case, prepared.outputs(), inputs)
+
+
+def test_instance_norm_eval_with_running_statistics_is_batch_normalization():
+    case = Case("instance_norm", (4, 3, 10), "float32", 1e-5, track_running_stats=True)
+    nodes, spec = _nodes(case)
+    assert [n.op_type for n in spec.nodes] == ["BatchNormalization"]
+    assert "training_mode" not in _attrs(nodes["BatchNormalization"])
+    inputs, prepared = _run(graphs.OnnxRuntime(), case)
+    _within(case, prepared.outputs(), inputs)
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.5, None])
+@pytest.mark.parametrize(("dtype", "params"), [("float32", "float32"), ("float16", "float32")])
+def test_instance_norm_training_updates_the_running_statistics_as_pytorch(dtype, params, momentum):
+    case = Case(
+        "instance_norm",
+        (4, 3, 6, 5),
+        dtype,
+        1e-5,
+        param_dtype=params,
+        track_running_stats=True,
+        training=True,
+        momentum=momentum,
+    )
+    inputs, prepared = _run(graphs.OnnxRuntime(), case)
+    out = prepared.outputs()
+    x = inputs["x"].astype(np.float64)
+    m = 1.0 if momentum is None else momentum
+    # PyTorch: the batch average of each instance's mean and unbiased variance (not BatchNorm's).
+    mean, var = x.mean(axis=(2, 3)).mean(axis=0), x.var(axis=(2, 3), ddof=1).mean(axis=0)
+    want = {
+        "running_mean": (1 - m) * inputs["running_mean"] + m * mean,
+        "running_var": (1 - m) * inputs["running_var"] + m * var,
+    }
+    assert np.max(np.abs(var - x.var(axis=(0, 2, 3), ddof=1))) > 1e-3  # the two conventions differ here
+    for name, expected in want.items():
+        err = np.max(np.abs(out[name].astype(np.float64) - expected))
+        assert err <= BOUND_ULPS * unit_roundoff("float32") * max(1.0, np.max(np.abs(expected))), name
+    _within(case, out, inputs)
+    assert prepared.info()["running_update"].startswith("ReduceMean")
+
+
+@pytest.mark.skipif(not CPU, reason="kernel coverage is the CPU provider's")
+def test_float64_instance_normalization_has_no_cpu_kernel():
+    case = Case("instance_norm", (2, 6, 10), "float64", 1e-5)
+    with pytest.raises(Unsupported, match=r"InstanceNormalization.*NOT_IMPLEMENTED.*InstanceNormalization"):
+        graphs.OnnxRuntime().prepare(case, make_inputs(case, grad=False), grad=False)
+
+
+def test_channels_last_is_not_declared_and_group_ops_are():
+    caps = graphs.OnnxRuntime().capabilities()
+    assert "channels_last" not in caps.features and {"running_stats", "training"} <= caps.features
+    assert {"group_norm", "instance_norm"} <= caps.ops
+    case = Case("group_norm", (2, 8, 5, 6), "float32", 1e-5, num_groups=2, layout="channels_last")
+    assert "channels_last" in caps.why_not(case)

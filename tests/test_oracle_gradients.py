@@ -35,6 +35,20 @@ CASES = [
     Case("batch_norm", (3, 2, 2, 2), "float64", 1e-5, training=True, dist="constant"),
     Case("batch_norm", (4, 3), "float64", 1e-5),
     Case("batch_norm", (2, 3, 4), "float16", 1e-3, bias=False),
+    Case("group_norm", (2, 6, 5), "float64", 1e-5, num_groups=3),
+    Case("group_norm", (2, 4, 3, 2), "float64", 1e-5, num_groups=1),
+    Case("group_norm", (2, 4, 5), "float64", 1e-5, num_groups=4, weight=False, bias=False),
+    Case("group_norm", (3, 6), "float64", 1e-5, num_groups=2, bias=False),
+    Case("group_norm", (2, 4, 3), "float64", 1e-5, num_groups=2, dist="constant"),
+    Case("group_norm", (2, 4, 6), "float64", 1e-5, num_groups=2, dist="near_constant"),
+    Case("group_norm", (2, 4, 2, 3), "bfloat16", 1e-5, num_groups=2, param_dtype="float32"),
+    Case("instance_norm", (2, 3, 5), "float64", 1e-5),
+    Case("instance_norm", (2, 2, 3, 2), "float64", 1e-5, weight=False, bias=False),
+    Case("instance_norm", (2, 2, 2, 2, 2), "float64", 1e-5, dist="constant"),
+    Case("instance_norm", (2, 3, 5), "float64", 1e-5, track_running_stats=True),
+    Case("instance_norm", (2, 3, 2, 2), "float32", 1e-5, track_running_stats=True, bias=False),
+    Case("instance_norm", (2, 3, 5), "float64", 1e-5, training=True, track_running_stats=True, momentum=0.3),
+    Case("instance_norm", (3, 2, 4), "float64", 1e-5, training=True, track_running_stats=True, momentum=None),
 ]
 
 

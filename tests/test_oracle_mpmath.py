@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conformance.model.case import Case
+from conformance.model.case import CHANNEL_OPS, GROUP_OPS, Case
 from conformance.model.inputs import make_inputs
 from conformance.oracle import evaluate
 
@@ -39,6 +39,19 @@ CASES = [
     Case("batch_norm", (5, 2, 3), "float32", 1e-5, training=True, momentum=0.3, bias=False),
     Case("batch_norm", (4, 3), "float64", 1e-5),
     Case("batch_norm", (2, 3, 2, 2), "bfloat16", 1e-3, weight=False, dist="outlier"),
+    Case("group_norm", (2, 6, 5), "float64", 1e-5, num_groups=3),
+    Case("group_norm", (2, 4, 3, 2), "float64", 1e-5, num_groups=1, dist="offset"),
+    Case("group_norm", (3, 8), "float64", 1e-5, num_groups=4, dist="near_constant"),
+    Case("group_norm", (2, 6, 4), "float32", 1e-5, num_groups=6, dist="outlier", bias=False),
+    Case("group_norm", (2, 4, 8), "bfloat16", 1e-5, num_groups=2, param_dtype="float32", dist="offset"),
+    Case("group_norm", (2, 4, 3, 3), "float16", 1e-3, num_groups=2, weight=False, layout="channels_last"),
+    Case("instance_norm", (2, 3, 5), "float64", 1e-5),
+    Case("instance_norm", (2, 3, 2, 3), "float64", 1e-12, dist="large", weight=False, bias=False),
+    Case("instance_norm", (2, 3, 6), "float64", 1e-5, dist="offset", track_running_stats=True),
+    Case("instance_norm", (3, 2, 5), "float64", 1e-5, training=True, track_running_stats=True, momentum=0.3),
+    Case(
+        "instance_norm", (2, 3, 2, 2), "float32", 1e-5, training=True, track_running_stats=True, momentum=None
+    ),
 ]
 
 MpRow = list[Any]  # mpf values of one normalization group
@@ -46,7 +59,8 @@ Normalized = tuple[list[MpRow], dict[str, list[Any]]]  # (xhat rows, named per-g
 
 
 def grouped(case: Case, values: np.ndarray) -> np.ndarray:
-    """x as (groups, group length): LN/RMS rows, or BN channels."""
+    """x as (groups, group length): LN/RMS rows, BN channels, or GN/IN (sample, group) pairs, whose
+    channels and spatial values are contiguous in x."""
     if case.op == "batch_norm":
         return np.moveaxis(values, 1, 0).reshape(case.shape[1], -1)
     return values.reshape(case.rows, -1)
@@ -79,12 +93,14 @@ def reference(case: Case, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray
     with mpmath.workdps(50):
         eps = mpf(case.eps)
         rows = to_mp(grouped(case, inputs["x"].astype(np.float64)))
-        normalize = NORMALIZERS[(case.op, case.training)]
+        normalize = NORMALIZERS[(case.op, case.training, case.uses_batch_stats)]
         xhat, stats = normalize(case, inputs, rows, eps)
         out = {name: np.array([float(v) for v in values]) for name, values in stats.items()}
         out["y"] = ungrouped(case, np.array([[float(v) for v in row] for row in affine(case, inputs, xhat)]))
     for name in ("mean", "rstd"):
-        if name in out and case.op != "batch_norm":
+        if name in out and case.op in GROUP_OPS:
+            out[name] = out[name].reshape(case.shape[0], case.groups)
+        elif name in out and case.op != "batch_norm":
             out[name] = out[name].reshape(case.shape[: len(case.shape) - case.norm_ndim])
     return out
 
@@ -120,21 +136,55 @@ def batch_norm_eval(case: Case, inputs: dict[str, np.ndarray], rows: list[MpRow]
     return [[(v - mu) * r for v in row] for row, mu, r in zip(rows, means, rstds, strict=True)], {}
 
 
-NORMALIZERS: dict[tuple[str, bool], Callable[..., Normalized]] = {
-    ("layer_norm", False): layer_norm,
-    ("rms_norm", False): rms_norm,
-    ("batch_norm", True): batch_norm_training,
-    ("batch_norm", False): batch_norm_eval,
+def instance_norm_training(
+    case: Case, inputs: dict[str, np.ndarray], rows: list[MpRow], eps: Any
+) -> Normalized:
+    """Instance statistics; running = (1 - m) running + m * the sample average of each channel's
+    instance means and unbiased instance variances (rows are (sample, channel), channel fastest)."""
+    xhat, stats = layer_norm(case, inputs, rows, eps)
+    m = mpf(1.0 if case.momentum is None else case.momentum)
+    samples, channels, count = case.shape[0], case.shape[1], len(rows[0])
+    unbiased = [
+        mean([(v - mu) ** 2 for v in row]) * count / (count - 1)
+        for row, mu in zip(rows, stats["mean"], strict=True)
+    ]
+    for name, batch in (("running_mean", stats["mean"]), ("running_var", unbiased)):
+        average = [
+            mpmath.fsum(batch[n * channels + c] for n in range(samples)) / samples for c in range(channels)
+        ]
+        old = to_mp(inputs[name])[0]
+        stats[name] = [(1 - m) * r + m * b for r, b in zip(old, average, strict=True)]
+    return xhat, stats
+
+
+def instance_norm_eval(case: Case, inputs: dict[str, np.ndarray], rows: list[MpRow], eps: Any) -> Normalized:
+    """Running statistics of channel c normalize every row (n, c)."""
+    channels = case.shape[1]
+    means, variances = to_mp(inputs["running_mean"])[0], to_mp(inputs["running_var"])[0]
+    rstds = [1 / mpmath.sqrt(var + eps) for var in variances]
+    return [[(v - means[i % channels]) * rstds[i % channels] for v in row] for i, row in enumerate(rows)], {}
+
+
+# Keyed by (op, training, normalizes with batch statistics).
+NORMALIZERS: dict[tuple[str, bool, bool], Callable[..., Normalized]] = {
+    ("layer_norm", False, True): layer_norm,
+    ("rms_norm", False, True): rms_norm,
+    ("batch_norm", True, True): batch_norm_training,
+    ("batch_norm", False, False): batch_norm_eval,
+    ("group_norm", False, True): layer_norm,
+    ("instance_norm", False, True): layer_norm,
+    ("instance_norm", True, True): instance_norm_training,
+    ("instance_norm", False, False): instance_norm_eval,
 }
 
 
 def affine(case: Case, inputs: dict[str, np.ndarray], xhat: list[MpRow]) -> list[MpRow]:
-    """xhat * (offset + weight) + bias; parameters follow the group position (LN/RMS) or the group (BN)."""
-    groups, length = len(xhat), len(xhat[0])
-    shape = (groups, 1) if case.op == "batch_norm" else (1, length)
+    """xhat * (offset + weight) + bias; each parameter broadcast to x (per trailing position for
+    LN/RMS, per channel for BN/GN/IN) and grouped like x."""
+    shape = (-1,) + (1,) * (len(case.shape) - 2) if case.op in CHANNEL_OPS else case.param_shape
     ones, zeros = np.ones(case.param_shape), np.zeros(case.param_shape)
-    scale = to_mp(np.broadcast_to(inputs.get("weight", ones).reshape(shape), (groups, length)))
-    bias = to_mp(np.broadcast_to(inputs.get("bias", zeros).reshape(shape), (groups, length)))
+    scale = to_mp(grouped(case, np.broadcast_to(inputs.get("weight", ones).reshape(shape), case.shape)))
+    bias = to_mp(grouped(case, np.broadcast_to(inputs.get("bias", zeros).reshape(shape), case.shape)))
     offset = mpf(case.weight_offset)
     return [
         [h * (offset + s) + b for h, s, b in zip(*triple, strict=True)]

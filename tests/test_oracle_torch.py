@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,23 @@ CASES = [
     Case("batch_norm", (3, 2, 2, 2), "float32", 1e-5, training=True),
     Case("batch_norm", (4, 3), "float64", 1e-5),
     Case("batch_norm", (2, 3, 2, 2), "bfloat16", 1e-3, bias=False),
+    Case("group_norm", (2, 6, 5), "float64", 1e-5, num_groups=3),
+    Case("group_norm", (3, 12), "float64", 1e-5, num_groups=2),
+    Case("group_norm", (2, 4, 3, 5), "float64", 1e-5, num_groups=1, weight=False, bias=False),
+    Case("group_norm", (2, 6, 4), "float64", 1e-5, num_groups=6, bias=False, dist="near_constant"),
+    Case("group_norm", (2, 8, 3, 4), "float32", 1e-5, num_groups=2, layout="channels_last"),
+    Case("group_norm", (2, 4, 2, 3, 2), "bfloat16", 1e-5, num_groups=2, layout="channels_last"),
+    Case("group_norm", (2, 8, 25), "float16", 1e-5, num_groups=4, param_dtype="float32", dist="outlier"),
+    Case("instance_norm", (2, 3, 6), "float64", 1e-5),
+    Case("instance_norm", (2, 3, 4, 5), "float64", 1e-5, weight=False, bias=False),
+    Case("instance_norm", (2, 2, 3, 4, 5), "float32", 1e-5, layout="channels_last"),
+    Case("instance_norm", (2, 3, 6), "float64", 1e-5, track_running_stats=True),
+    Case("instance_norm", (2, 3, 4, 5), "bfloat16", 1e-5, track_running_stats=True, bias=False),
+    Case("instance_norm", (4, 3, 10), "float64", 1e-5, training=True, track_running_stats=True),
+    Case(
+        "instance_norm", (2, 3, 4, 5), "float64", 1e-5, training=True, track_running_stats=True, momentum=0.5
+    ),
+    Case("instance_norm", (3, 2, 6), "float32", 1e-5, training=True, track_running_stats=True, momentum=None),
 ]
 
 
@@ -74,7 +92,62 @@ def batch_norm(case: Case, t: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return y, {**running, "mean": mean, "rstd": rstd}
 
 
-TORCH_OPS = {"layer_norm": layer_norm, "rms_norm": rms_norm, "batch_norm": batch_norm}
+def in_layout(case: Case, x: Any) -> Any:
+    """x in the case's memory layout (the values, and so the oracle, do not depend on it)."""
+    if case.layout != "channels_last":
+        return x
+    return x.contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+
+
+def detached(t: dict[str, Any], name: str) -> Any:
+    return t[name].detach() if name in t else None
+
+
+def group_norm(case: Case, t: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    x = in_layout(case, t["x"])
+    n, c, spatial = case.shape[0], case.shape[1], math.prod(case.shape[2:])
+    plain = (x.detach(), detached(t, "weight"), detached(t, "bias"))
+    _, mean, rstd = torch.ops.aten.native_group_norm(*plain, n, c, spatial, case.groups, case.eps)
+    return F.group_norm(x, case.groups, t.get("weight"), t.get("bias"), case.eps), {
+        "mean": mean,
+        "rstd": rstd,
+    }
+
+
+def instance_norm(case: Case, t: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    # F.instance_norm updates the running tensors in place when it uses instance statistics; its
+    # momentum is a number, and the first cumulative-average step (momentum None) has factor 1.
+    x = in_layout(case, t["x"])
+    momentum = 1.0 if case.momentum is None else case.momentum
+    running: dict[str, Any] = {
+        name: t[name].detach().clone() for name in ("running_mean", "running_var") if name in t
+    }
+    y = F.instance_norm(
+        x,
+        running.get("running_mean"),
+        running.get("running_var"),
+        t.get("weight"),
+        t.get("bias"),
+        use_input_stats=case.uses_batch_stats,
+        momentum=momentum,
+        eps=case.eps,
+    )
+    extra = dict(running) if case.training else {}
+    if case.uses_batch_stats:
+        # torch computes instance statistics as BatchNorm statistics of x seen as (1, N * C, spatial).
+        flat = x.detach().reshape(1, case.shape[0] * case.shape[1], -1)
+        _, mean, rstd = torch.ops.aten.native_batch_norm(flat, None, None, None, None, True, 0.0, case.eps)
+        extra = {**extra, "mean": mean.reshape(case.shape[:2]), "rstd": rstd.reshape(case.shape[:2])}
+    return y, extra
+
+
+TORCH_OPS = {
+    "layer_norm": layer_norm,
+    "rms_norm": rms_norm,
+    "batch_norm": batch_norm,
+    "group_norm": group_norm,
+    "instance_norm": instance_norm,
+}
 GRADIENT_OF = {"x": "dx", "weight": "dweight", "bias": "dbias"}
 
 
@@ -117,3 +190,131 @@ def test_momentum_none_matches_torch_module() -> None:
     assert_close("y", actual["y"], y.numpy())
     for name in ("running_mean", "running_var"):
         assert_close(name, actual[name], getattr(module, name).numpy())
+
+
+INSTANCE_MODULES = {3: "InstanceNorm1d", 4: "InstanceNorm2d", 5: "InstanceNorm3d"}
+
+
+def instance_module(case: Case, inputs: dict[str, np.ndarray], momentum: float | None) -> Any:
+    """torch.nn.InstanceNorm*d with running statistics and the case's affine form, loaded with its inputs."""
+    module = getattr(torch.nn, INSTANCE_MODULES[len(case.shape)])(
+        case.shape[1],
+        eps=case.eps,
+        momentum=momentum,
+        affine=case.weight,
+        track_running_stats=True,
+        bias=case.bias,
+        dtype=torch.float64,
+    )
+    with torch.no_grad():
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            if name in inputs:
+                getattr(module, name).copy_(torch.from_numpy(inputs[name].astype(np.float64)))
+    return module.train(case.training)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(
+            "instance_norm",
+            (4, 3, 5),
+            "float64",
+            1e-5,
+            training=True,
+            track_running_stats=True,
+            momentum=0.25,
+        ),
+        Case(
+            "instance_norm",
+            (2, 3, 4, 5),
+            "float64",
+            1e-5,
+            training=True,
+            track_running_stats=True,
+            bias=False,
+        ),
+        Case(
+            "instance_norm",
+            (2, 2, 3, 4, 5),
+            "float32",
+            1e-3,
+            training=True,
+            track_running_stats=True,
+            momentum=1.0,
+        ),
+        Case("instance_norm", (4, 3, 5), "float64", 1e-5, track_running_stats=True),
+        Case(
+            "instance_norm",
+            (2, 3, 4, 5),
+            "bfloat16",
+            1e-5,
+            track_running_stats=True,
+            weight=False,
+            bias=False,
+        ),
+    ],
+    ids=lambda case: case.id,
+)
+def test_matches_torch_instance_norm_module_with_running_stats(case: Case) -> None:
+    """nn.InstanceNorm*d(track_running_stats=True) with a numeric momentum: train and eval steps."""
+    inputs = make_inputs(case)
+    module = instance_module(case, inputs, case.momentum)
+    x = torch.tensor(inputs["x"].astype(np.float64), requires_grad=True)
+    y = module(x)
+    (y * torch.from_numpy(inputs["dy"].astype(np.float64))).sum().backward()
+    expected = {"y": y.detach().numpy(), "dx": x.grad.numpy()}
+    expected |= {
+        f"d{name}": getattr(module, name).grad.numpy() for name in ("weight", "bias") if name in inputs
+    }
+    if case.training:
+        expected |= {name: getattr(module, name).numpy() for name in ("running_mean", "running_var")}
+    actual = evaluate(case, inputs, grad=True)
+    assert set(expected) == set(actual) - {"mean", "rstd"}
+    for name, values in expected.items():
+        assert_close(name, actual[name], values)
+
+
+def test_instance_norm_module_momentum_none_keeps_its_running_stats() -> None:
+    """nn.InstanceNorm*d passes momentum None on as 0.0, so its running statistics never move; the
+    reference's cumulative average (first step: factor 1) replaces them. A real deviation that adapters
+    built on the module report; the functional form with momentum 1.0 is the reference's step."""
+    case = Case(
+        "instance_norm", (4, 3, 5), "float64", 1e-5, training=True, track_running_stats=True, momentum=None
+    )
+    inputs = make_inputs(case, grad=False)
+    module = instance_module(case, inputs, None)
+    with torch.no_grad():
+        module(torch.from_numpy(inputs["x"]))
+    actual = evaluate(case, inputs, grad=False)
+    for name in ("running_mean", "running_var"):
+        np.testing.assert_array_equal(getattr(module, name).numpy(), inputs[name])
+        assert np.max(np.abs(actual[name] - inputs[name])) > 1e-3 * np.max(np.abs(inputs[name]))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("group_norm", (2, 6, 5), "float64", 1e-5, num_groups=3),
+        Case("group_norm", (2, 8, 3, 4), "float32", 1e-6, num_groups=8, layout="channels_last"),
+        Case("group_norm", (3, 12), "float64", 1e-5, num_groups=3, weight=False, bias=False),
+    ],
+    ids=lambda case: case.id,
+)
+def test_matches_torch_group_norm_module(case: Case) -> None:
+    inputs = make_inputs(case)
+    module = torch.nn.GroupNorm(
+        case.groups, case.shape[1], eps=case.eps, affine=case.weight, dtype=torch.float64
+    )
+    if case.weight:
+        with torch.no_grad():
+            module.weight.copy_(torch.from_numpy(inputs["weight"].astype(np.float64)))
+            module.bias.copy_(torch.from_numpy(inputs["bias"].astype(np.float64)))
+    x = torch.tensor(inputs["x"].astype(np.float64), requires_grad=True)
+    y = module(in_layout(case, x))
+    (y * torch.from_numpy(inputs["dy"].astype(np.float64))).sum().backward()
+    expected = {"y": y.detach().numpy(), "dx": x.grad.numpy()}
+    expected |= {f"d{name}": getattr(module, name).grad.numpy() for name in ("weight", "bias") if case.weight}
+    actual = evaluate(case, inputs, grad=True)
+    for name, values in expected.items():
+        assert_close(name, actual[name], values)

@@ -111,7 +111,7 @@ def test_cases_file_runs_exactly_those_cases(suite, tmp_path):
         (("--backend", "fake-nump"), "unknown backend 'fake-nump'; known: "),
         (("--backend", "fake-nump"), "did you mean 'fake-numpy'?"),
         (("--profile", "huge"), "--profile='huge' is not allowed; allowed: smoke, ci, full"),
-        (("--op", "group_norm"), "--op='group_norm' is not allowed; allowed: comma list of layer_norm"),
+        (("--op", "spectral_norm"), "--op='spectral_norm' is not allowed; allowed: comma list of layer_norm"),
         (("--dtype", "float8"), "--dtype='float8' is not allowed"),
         (("--call-timeout", "0"), "--call-timeout=0.0 is not allowed; allowed: seconds > 0"),
         (

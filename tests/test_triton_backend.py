@@ -31,12 +31,19 @@ BACKEND = triton_backend.TritonBackend()
 
 def test_capabilities_declare_ops_dtypes_features_and_the_mode():
     caps = BACKEND.capabilities()
-    assert caps.ops == {"layer_norm", "rms_norm", "add_rms_norm"}
+    assert caps.ops == {"layer_norm", "rms_norm", "add_rms_norm", "group_norm", "instance_norm"}
     assert caps.dtypes == {"float64", "float32", "float16", "bfloat16"}
-    assert {"backward", "weight_offset", "param_dtype", "multi_axis"} <= caps.features
+    assert {"backward", "weight_offset", "param_dtype", "multi_axis", "running_stats"} <= caps.features
     assert caps.notes["mode"].startswith(RUN.name)
     assert caps.device == RUN.device
     assert caps.why_not(Case("batch_norm", (4, 3), "float32", 1e-5)) is not None
+
+
+def test_channels_last_is_left_out_with_the_reason():
+    caps = BACKEND.capabilities()
+    case = Case("group_norm", (2, 4, 3, 5), "float32", 1e-5, num_groups=2, layout="channels_last")
+    assert "channels_last" not in caps.features and "channels_last" in (caps.why_not(case) or "")
+    assert "contiguous" in caps.notes["channels_last"]
 
 
 @pytest.mark.skipif(RUN.device != "cpu", reason="a GPU is present: the kernels run natively")
@@ -52,6 +59,18 @@ def test_without_a_gpu_the_interpreter_is_switched_on():
         Case("rms_norm", (5, 33), "float16", 1e-6, param_dtype="float32", weight_offset=1.0),
         Case("add_rms_norm", (4, 24), "bfloat16", 1e-6),
         Case("layer_norm", (4, 24), "float64", 1e-5, weight=False, bias=False),
+        Case("group_norm", (2, 6, 5), "bfloat16", 1e-5, num_groups=3, param_dtype="float32"),
+        Case("instance_norm", (2, 3, 6), "float32", 1e-5, weight=False, bias=False),
+        Case("instance_norm", (2, 3, 6), "float16", 1e-5, track_running_stats=True),
+        Case(
+            "instance_norm",
+            (2, 3, 6),
+            "bfloat16",
+            1e-5,
+            track_running_stats=True,
+            training=True,
+            momentum=None,
+        ),
     ],
     ids=lambda c: c.id,
 )
@@ -82,6 +101,31 @@ def test_info_records_the_mode_and_the_launch_shapes():
     info = prepared.info()
     assert info["mode"] == RUN.name and info["triton"]
     assert info["forward_chunks"] == 3 and info["backward_chunks"] == 3
+
+
+def test_info_records_the_group_and_channel_launches():
+    # Groups of 2 channels x 4100 values: three chunks; channel rows of 4100 values: two.
+    case = Case("group_norm", (1, 4, 4100), "float32", 1e-5, num_groups=2)
+    info = BACKEND.prepare(case, make_inputs(case, grad=True), grad=True).info()
+    assert info["forward_chunks"] == 3 and info["backward_chunks"] == 3
+    assert info["channel_sums_chunks"] == 2
+    # Every group row (2) and channel row (4) has a program, whatever this machine's tile.
+    assert info["forward_programs"] * info["forward_block_m"] >= 2
+    assert info["channel_sums_programs"] * info["channel_sums_block_m"] >= 4
+
+
+def test_a_training_call_starts_from_the_prepared_running_statistics():
+    case = Case("instance_norm", (4, 3, 10), "float32", 1e-5, track_running_stats=True, training=True)
+    inputs = make_inputs(case, grad=False)
+    prepared = BACKEND.prepare(case, inputs, grad=False)
+    prepared()
+    first = prepared.outputs()
+    prepared()
+    second = prepared.outputs()
+    # One update from the inputs each time, not two compounded.
+    for name in ("running_mean", "running_var"):
+        assert first[name].tobytes() == second[name].tobytes()
+        assert not np.array_equal(first[name], inputs[name])
 
 
 def test_forward_only_preparation_returns_forward_outputs():
@@ -151,7 +195,7 @@ def test_kernels_call_only_triton_builtins():
     import triton.language as tl
 
     folder = Path(mode.__file__).parent
-    for name in ("common", "layer_norm", "rms_norm", "reduce"):
+    for name in ("common", "layer_norm", "rms_norm", "group_norm", "reduce"):
         tree = ast.parse((folder / f"{name}.py").read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -164,3 +208,43 @@ def test_kernels_call_only_triton_builtins():
                     for attr in reversed(chain):
                         obj = getattr(obj, attr)
                     assert tl.core.is_builtin(obj), f"{name}.py calls tl.{'.'.join(reversed(chain))}"
+
+
+# Compiles (ahead of time, no GPU needed) each GroupNorm kernel variant for an sm_90 target, as a run on
+# a GPU would: the interpreter accepts Python that the compiler rejects (a name bound in one branch
+# only, mixed loop-carried dtypes), so the native path is checked here too.
+_AOT = """
+import functools
+from backends.triton_kernels import mode
+mode.select = functools.cache(lambda: mode.Mode(False, "cuda", "ahead-of-time compile check"))
+mode.select()
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from backends.triton_kernels import group_norm as G
+
+def build(fn, types, **consts):
+    names = [n for n in fn.arg_names if n not in consts]
+    source = ASTSource(fn=fn, signature=dict(zip(names, types.split())), constexprs=consts)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    assert kernel.asm["cubin"], fn.__name__
+
+fwd = "*bf16 *fp32 *fp32 *fp32 *fp32 *fp32 *bf16 *fp32 *fp32 *fp32 i32 i32 i32 i32 i32"
+variants = ((True, False, True), (False, False, True), (True, True, False), (False, True, False))
+for one, given, save in variants:
+    build(G.group_norm_fwd, fwd, HAS_W=True, HAS_B=True, GIVEN_STATS=given, SAVE_VAR=save, ACC=tl.float32,
+          BLOCK_M=2, BLOCK_N=256, ONE_CHUNK=one)
+sums = "*bf16 *bf16 *fp32 *fp32 *fp32 *fp32 i32 i32 i32"
+build(G.channel_sums, sums, ACC=tl.float32, BLOCK_M=4, BLOCK_N=64)
+for given in (False, True):
+    build(G.group_norm_dx, "*bf16 *fp32 *bf16 *fp32 *fp32 *fp32 *fp32 *bf16 i32 i32 i32 i32 i32", HAS_W=True,
+          GIVEN_STATS=given, ACC=tl.float32, BLOCK_M=2, BLOCK_N=256)
+build(G.running_update, "*fp64 *fp64 *fp64 *fp64 *fp64 i32 i32", ACC=tl.float64, BLOCK_N=128)
+print("compiled")
+"""
+
+
+def test_group_norm_kernels_compile_for_a_gpu():
+    pytest.importorskip("triton.backends.nvidia")
+    done = _python(_AOT)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

@@ -73,3 +73,12 @@ def test_policy_rejects_impossible_values(kwargs):
     values = {"max_block_n": 64, "tile": 256, "max_programs": 2, **kwargs}
     with pytest.raises(ValueError, match="="):
         blocks.Policy(**values)
+
+
+@pytest.mark.parametrize(
+    ("channels", "block_n", "programs"), [(1, 1, 1), (3, 4, 1), (1024, 1024, 1), (1500, 1024, 2)]
+)
+def test_running_update_gives_every_channel_one_lane(channels, block_n, programs):
+    b = blocks.channels(channels)
+    assert (b.block_m, b.block_n, b.chunks, b.programs) == (1, block_n, 1, programs)
+    assert b.block_n * b.programs >= channels and b.warps == blocks.warps(block_n)

@@ -199,3 +199,207 @@ def test_residual_must_match_x():
     x = _t((2, 8), torch.float32)
     with pytest.raises(ValueError, match="must match"):
         F.add_rms_norm(x, x.to(torch.float64), (8,), None, eps=1e-6)
+
+
+# ---------------------------------------------------------------- GroupNorm / InstanceNorm
+
+
+def _gn_leaves(shape, dtype, *, weight=True, bias=True, param=None, shift=0.0, scale=1.0):
+    channels = shape[1]
+    x = _t(shape, dtype, shift=shift, scale=scale, grad=True)
+    # Per-channel weights far from each other: a weight read for the wrong channel shows.
+    w = _t((channels,), param or dtype, scale=0.5, shift=1.0, seed=1, grad=True) if weight else None
+    b = _t((channels,), param or dtype, scale=0.5, seed=2, grad=True) if bias else None
+    return x, w, b, _t(shape, dtype, seed=4)
+
+
+def _gn_check(x, w, b, dy, run, ref):
+    """run(x, w, b) with the kernels against ref(x, w, b) in float64 torch autograd on the same bits."""
+    leaves = [v for v in (x, w, b) if v is not None]
+    y = run(x, w, b)
+    grads = torch.autograd.grad(y, leaves, dy)
+    ref_leaves = [v.detach().double().requires_grad_() for v in leaves]
+    full = iter(ref_leaves)
+    y64 = ref(*(next(full) if v is not None else None for v in (x, w, b)))
+    ref_grads = torch.autograd.grad(y64, ref_leaves, dy.double())
+    assert y.dtype == x.dtype and y.shape == x.shape
+    _close(y, y64.detach(), x.dtype)
+    for actual, leaf, expected in zip(grads, leaves, ref_grads, strict=True):
+        assert actual.dtype == leaf.dtype and actual.shape == leaf.shape
+        _close(actual, expected, leaf.dtype)
+
+
+def _gn_ref(x, groups, w, b, eps):
+    """GroupNorm composed of float64 torch ops: the backward of torch's own CPU kernel fails for a bias
+    without a weight ("tensor does not have a device", torch 2.13)."""
+    rows = x.reshape(x.shape[0], groups, -1)
+    mean = rows.mean(dim=2, keepdim=True)
+    var = ((rows - mean) ** 2).mean(dim=2, keepdim=True)
+    y = ((rows - mean) / torch.sqrt(var + eps)).reshape(x.shape)
+    per_channel = (1, -1) + (1,) * (x.ndim - 2)
+    if w is not None:
+        y = y * w.reshape(per_channel)
+    if b is not None:
+        y = y + b.reshape(per_channel)
+    return y
+
+
+def _gn(shape, groups, dtype, pol, *, shift=0.0, **params):
+    x, w, b, dy = _gn_leaves(shape, dtype, shift=shift, **params)
+    _gn_check(
+        x, w, b, dy,
+        lambda x, w, b: F.group_norm(x, groups, w, b, eps=1e-5, pol=pol),
+        lambda x, w, b: _gn_ref(x, groups, w, b, 1e-5),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("shape", "groups"),
+    [((2, 6, 5), 1), ((2, 6, 5), 3), ((2, 6, 5), 6), ((3, 4), 2), ((2, 4, 3, 5), 2), ((1, 3, 2, 2, 2), 3)],
+)
+def test_group_norm_statistics_per_group_and_affine_per_channel(shape, groups):
+    # A large mean makes any padded lane in the variance visible (groups of 15, 10 or 12 values in 16
+    # lanes). Groups of two values fill their block, and a mean 30 times their spread would only make
+    # dx ill-conditioned (kappa ~ 1e3 there).
+    shift = 0.0 if len(shape) == 2 else 30.0
+    _gn(shape, groups, torch.float32, blocks.INTERPRETED, shift=shift)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_groups_longer_than_a_chunk_loop_over_chunks(dtype):
+    # Groups of 3 channels x 50 values in chunks of 64 lanes; channel rows of 50 in one chunk.
+    assert blocks.forward(4, 150, SMALL).chunks == 3
+    _gn((2, 6, 50), 2, dtype, SMALL, shift=3.0)
+
+
+def test_a_partial_last_tile_of_group_rows():
+    # 15 group rows of 8 values in tiles of 4 rows: the last tile has three live rows.
+    pol = blocks.Policy(max_block_n=64, tile=32, max_programs=3)
+    assert blocks.forward(15, 8, pol) == blocks.Blocks(4, 8, 1, 1, 4)
+    _gn((5, 6, 4), 3, torch.bfloat16, pol)
+
+
+@pytest.mark.parametrize(("weight", "bias"), [(False, True), (True, False), (False, False)])
+def test_group_norm_affine_variants(weight, bias):
+    _gn((2, 6, 9), 3, torch.float32, SMALL, weight=weight, bias=bias)
+
+
+def test_group_norm_half_activations_with_float32_parameters():
+    _gn((2, 8, 25), 4, torch.bfloat16, SMALL, param=torch.float32)
+
+
+@pytest.mark.parametrize("pol", [blocks.INTERPRETED, SMALL], ids=["one-chunk", "chunks"])
+def test_group_statistics_are_float32_for_half_inputs(pol):
+    # Groups of 4096 values near 1000: float16 sums of squares would overflow and a float16 mean would
+    # lose the deviations entirely.
+    _gn((2, 4, 2048), 2, torch.float16, pol, shift=1000.0)
+
+
+def _in_ref(x, w, b, running=None, use_input_stats=True, momentum=0.1):
+    rm, rv = running if running is not None else (None, None)
+    return torch.nn.functional.instance_norm(x, rm, rv, w, b, use_input_stats, momentum, 1e-5)
+
+
+def _stats(channels, dtype):
+    gen = torch.Generator().manual_seed(7)
+    mean = torch.randn(channels, generator=gen, dtype=torch.float64)
+    var = torch.rand(channels, generator=gen, dtype=torch.float64) + 0.5
+    return mean.to(dtype).to(DEVICE), var.to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("pol", [blocks.INTERPRETED, SMALL], ids=["one-chunk", "chunks"])
+def test_instance_norm_is_group_norm_with_one_channel_per_group(affine, pol):
+    x, w, b, dy = _gn_leaves((4, 3, 70), torch.float32, weight=affine, bias=affine, shift=5.0)
+    _gn_check(
+        x, w, b, dy,
+        lambda x, w, b: F.instance_norm(x, w, b, eps=1e-5, pol=pol),
+        lambda x, w, b: _in_ref(x, w, b),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_instance_norm_eval_normalizes_with_the_running_statistics(dtype):
+    x, w, b, dy = _gn_leaves((3, 4, 2, 5), dtype, shift=2.0)
+    running = _stats(4, dtype)
+    before = [t.clone() for t in running]
+    _gn_check(
+        x, w, b, dy,
+        lambda x, w, b: F.instance_norm(x, w, b, *running, use_input_stats=False, eps=1e-5, pol=SMALL),
+        lambda x, w, b: _in_ref(x, w, b, [t.double() for t in running], use_input_stats=False),
+    )  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(running, before, strict=True))  # eval leaves them
+
+
+@pytest.mark.parametrize(
+    ("dtype", "param"),
+    [(torch.float32, None), (torch.float64, None), (torch.bfloat16, None), (torch.float16, torch.float32)],
+)
+@pytest.mark.parametrize("momentum", [0.1, 1.0])
+def test_instance_norm_training_updates_the_running_statistics(dtype, param, momentum):
+    x = _t((5, 3, 40), dtype, shift=4.0, scale=2.0)
+    running = _stats(3, param or dtype)
+    expected = [t.double() for t in running]
+    F.instance_norm(x, None, None, *running, momentum=momentum, eps=1e-5, pol=SMALL)
+    _in_ref(x.double(), None, None, expected, momentum=momentum)
+    for actual, want in zip(running, expected, strict=True):
+        assert actual.dtype == (param or dtype)
+        _close(actual, want, actual.dtype)
+
+
+def test_running_variance_keeps_the_spread_of_near_constant_instances():
+    # Spread 1e-4 around 5 and eps 1e-2: var = 1e-8 is lost in rsqrt(var + eps), so a running variance
+    # recovered from rstd would be noise; from the kernel's own two-pass variance it is float32-accurate.
+    x = _t((4, 2, 64), torch.float32, shift=5.0, scale=1e-4)
+    running = [torch.zeros(2, device=DEVICE), torch.zeros(2, device=DEVICE)]
+    F.instance_norm(x, None, None, *running, momentum=1.0, eps=1e-2, pol=SMALL)
+    x64 = x.double()
+    expected = x64.var(dim=2, unbiased=True).mean(dim=0)
+    assert torch.allclose(running[1].double().cpu(), expected.cpu(), rtol=1e-4, atol=0.0)
+    assert torch.allclose(running[0].double().cpu(), x64.mean(dim=2).mean(dim=0).cpu(), rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("groups", [1, 4, 16])
+def test_group_norm_dweight_and_dbias_have_the_same_bits_on_every_run(groups):
+    # Per-(sample, channel) sums, then the fixed-order column sum over 64 samples.
+    bits = []
+    for _ in range(2):
+        x, w, b, dy = _gn_leaves((64, 16, 12), torch.bfloat16, param=torch.float32)
+        y = F.group_norm(x, groups, w, b, eps=1e-5, pol=SMALL)
+        grads = torch.autograd.grad(y, [x, w, b], dy)
+        bits.append([g.cpu().view(torch.int16 if g.dtype == torch.bfloat16 else torch.int32) for g in grads])
+    for first, second in zip(*bits, strict=True):
+        assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("mode_", ["group", "instance", "running"])
+def test_group_norm_gradients_pass_gradcheck_in_float64(mode_):
+    # Central differences through the kernels' float64 path: groups of 2 channels x 5 in chunks of 4.
+    tiny = blocks.Policy(max_block_n=4, tile=8, max_programs=2)
+    x = _t((2, 4, 5), torch.float64, grad=True)
+    w = _t((4,), torch.float64, seed=1, shift=1.0, grad=True)
+    b = _t((4,), torch.float64, seed=2, grad=True)
+    if mode_ == "group":
+        fn = lambda x, w, b: F.group_norm(x, 2, w, b, eps=1e-5, pol=tiny)  # noqa: E731
+    elif mode_ == "instance":
+        fn = lambda x, w, b: F.instance_norm(x, w, b, eps=1e-5, pol=tiny)  # noqa: E731
+    else:
+        rm, rv = _stats(4, torch.float64)
+        fn = lambda x, w, b: F.instance_norm(  # noqa: E731
+            x, w, b, rm, rv, use_input_stats=False, eps=1e-5, pol=tiny
+        )
+    assert torch.autograd.gradcheck(fn, (x, w, b), eps=1e-6, atol=1e-8, fast_mode=True)
+
+
+def test_group_and_instance_norm_refuse_what_they_cannot_compute():
+    x = _t((2, 6, 4), torch.float32)
+    with pytest.raises(ValueError, match="num_groups=4 must divide C"):
+        F.group_norm(x, 4, eps=1e-5)
+    with pytest.raises(ValueError, match="per-channel tensors"):
+        F.group_norm(x, 3, torch.ones(4, device=DEVICE), eps=1e-5)
+    with pytest.raises(ValueError, match="spatial"):
+        F.instance_norm(_t((2, 6), torch.float32), eps=1e-5)
+    with pytest.raises(ValueError, match="more than one spatial value"):
+        F.instance_norm(_t((2, 6, 1), torch.float32), eps=1e-5)
+    with pytest.raises(ValueError, match="use_input_stats=False needs them"):
+        F.instance_norm(x, use_input_stats=False, eps=1e-5)

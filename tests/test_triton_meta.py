@@ -1,8 +1,10 @@
-"""Meta-test: a real Triton kernel whose padded lanes enter the variance is caught by the suite.
+"""Meta-tests: broken Triton kernels are caught by the suite (fakes: tests/normconf_triton_fakes.py).
 
-The fake (tests/normconf_triton_fakes.py) is exact when a row fills its power-of-two block, so the
-suite must fail it on exactly the other row lengths, naming y and the tolerance rule, while the same
-kernel with the lanes masked out passes every case.
+A LayerNorm kernel whose padded lanes enter the variance is exact when a row fills its power-of-two
+block, so the suite must fail it on exactly the other row lengths, naming y and the tolerance rule,
+while the same kernel with the lanes masked out passes every case. The triton backend's GroupNorm
+kernels with statistics per channel must fail exactly where a group holds several channels, and with
+dweight reduced blind to the group exactly where there are several groups; wired right, they pass.
 """
 
 from __future__ import annotations
@@ -64,3 +66,64 @@ def test_the_same_kernel_with_lanes_masked_out_passes(run):
     # The fake declares no backward: those checks are unsupported, never passed.
     assert outcomes == {"passed", "unsupported"}
     assert sum(r["outcome"] == "unsupported" for r in records) == len(ROWS) * 4
+
+
+GN_SHAPES = {(2, 4, 5): (1, 2, 4), (3, 6, 2, 3): (1, 3, 6)}
+GN_CONTROL = "fake-triton-gn"
+CHANNEL_STATS, GROUP_DWEIGHT = "fake-triton-gn-channel-stats", "fake-triton-gn-group-dweight"
+
+
+@pytest.fixture(scope="module")
+def gn_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("triton-gn-meta")
+    cases = [
+        {"op": "group_norm", "shape": list(shape), "dtype": "float32", "eps": 1e-5, "num_groups": groups}
+        for shape, choices in GN_SHAPES.items()
+        for groups in choices
+    ]
+    (folder / "groups.json").write_text(json.dumps(cases))
+    backends = f"{GN_CONTROL},{CHANNEL_STATS},{GROUP_DWEIGHT}"
+    args = ("--backend", backends, "--cases", str(folder / "groups.json"))
+    return run_suite(folder, *args, "-p", "normconf_triton_fakes")
+
+
+def _groups(record):
+    case = record["case"]
+    return case["num_groups"], case["shape"][1]
+
+
+def _by_check(run, backend, check):
+    return [r for r in run.records if r["backend"] == backend and r["check"] == check]
+
+
+def test_statistics_per_channel_instead_of_per_group_are_caught(gn_run):
+    assert gn_run.returncode == 1, gn_run.output[-3000:]
+    for check in ("forward", "backward"):
+        records = _by_check(gn_run, CHANNEL_STATS, check)
+        assert len(records) == 6
+        # Wrong wherever a group holds more than one channel; exact when G = C (InstanceNorm's grouping).
+        failed = {r["case"]["id"] for r in records if r["outcome"] == "failed"}
+        assert failed == {r["case"]["id"] for r in records if _groups(r)[0] < _groups(r)[1]}, check
+        assert all(r["outcome"] == "passed" for r in records if r["case"]["id"] not in failed)
+    reason = next(
+        r["reason"] for r in _by_check(gn_run, CHANNEL_STATS, "forward") if r["outcome"] == "failed"
+    )
+    assert "output 'y' out of tolerance" in reason and "tolerances.toml rule[" in reason
+
+
+def test_dweight_reduced_without_the_group_mapping_is_caught(gn_run):
+    assert all(r["outcome"] == "passed" for r in _by_check(gn_run, GROUP_DWEIGHT, "forward"))
+    records = _by_check(gn_run, GROUP_DWEIGHT, "backward")
+    failed = [r for r in records if r["outcome"] == "failed"]
+    # One group maps every channel right; with more, channel k of each group shares one sum.
+    assert {r["case"]["id"] for r in failed} == {r["case"]["id"] for r in records if _groups(r)[0] > 1}
+    for record in failed:
+        assert "output 'dweight' out of tolerance" in record["reason"]
+        bad = {c["output"] for c in record["comparisons"] if c["mismatched"]}
+        assert bad == {"dweight"}, bad  # dx and dbias take the right path
+
+
+def test_the_group_norm_kernels_wired_right_pass(gn_run):
+    records = [r for r in gn_run.records if r["backend"] == GN_CONTROL]
+    assert {r["outcome"] for r in records} == {"passed"}
+    assert {r["check"] for r in records} >= {"forward", "backward", "determinism", "inputs_unchanged"}

@@ -1,4 +1,5 @@
-"""normconf's own Triton kernels: LayerNorm, RMSNorm and fused add + RMSNorm, forward and backward.
+"""normconf's own Triton kernels: LayerNorm, RMSNorm, fused add + RMSNorm and GroupNorm (InstanceNorm
+being its one-channel-per-group case), forward and backward.
 
 Import order matters: call ``mode.select()`` before importing ``functions`` (or any kernel module), so
 that on a machine without a GPU the Triton interpreter is switched on before a kernel is decorated.

@@ -111,3 +111,10 @@ def column_sum(n_parts: int, n_cols: int) -> Blocks:
     block_n = min(next_pow2(n_cols), 128)
     block_m = min(next_pow2(n_parts), 64)
     return Blocks(block_m, block_n, cdiv(n_parts, block_m), warps(block_m * block_n), cdiv(n_cols, block_n))
+
+
+def channels(n_channels: int) -> Blocks:
+    """InstanceNorm's running update: one lane per channel, up to 1024 channels per program, each lane
+    looping over the samples; it reads N x C statistics once, so one wide tile per program suffices."""
+    block_n = min(next_pow2(n_channels), 1024)
+    return Blocks(1, block_n, 1, warps(block_n), cdiv(n_channels, block_n))

@@ -17,7 +17,8 @@ from functools import cache
 INTERPRET = "TRITON_INTERPRET"
 # Modules of this package that import Triton (and so decorate kernels when imported).
 KERNEL_MODULES = tuple(
-    f"backends.triton_kernels.{name}" for name in ("common", "layer_norm", "rms_norm", "reduce", "functions")
+    f"backends.triton_kernels.{name}"
+    for name in ("common", "layer_norm", "rms_norm", "group_norm", "reduce", "functions")
 )
 
 

@@ -1,10 +1,11 @@
 """One byte model for every backend: the compulsory bytes a check moves, weights and stats apart.
 
-Forward LN/RMS reads x and writes y; backward reads x and dy and writes dx; add_rms_norm's forward
-moves four tensors (x, residual in; y, residual_out out). The ``backward`` benchmark times forward
-and backward together, so its bytes are the sum of both passes. Parameters, their gradients and the
-per-row statistics (mean/rstd, float32, saved by the forward for the backward) are counted in
-``weights``, never in ``activations``: GB/s and roofline fractions use the activations alone.
+Forward LN/RMS/BN/GN/IN reads x and writes y; backward reads x and dy and writes dx; add_rms_norm's
+forward moves four tensors (x, residual in; y, residual_out out). The ``backward`` benchmark times
+forward and backward together, so its bytes are the sum of both passes. Parameters, running
+statistics, their gradients and the per-group statistics (mean/rstd per LN/RMS row, BN channel or
+GN/IN (sample, group), float32, saved by the forward for the backward) are counted in ``weights``,
+never in ``activations``: GB/s and roofline fractions use the activations alone.
 """
 
 from __future__ import annotations
@@ -42,17 +43,28 @@ def _backward_tensors(case: Case) -> int:
 
 
 def _forward_params(case: Case) -> int:
-    """Parameter-sized tensors a forward moves: weight and bias read; BN also reads its running
-    statistics, and a training step writes them back."""
+    """Parameter-sized tensors a forward moves: weight and bias read; BN (and InstanceNorm with
+    track_running_stats) also reads its running statistics, and a training step writes them back."""
     count = int(case.weight) + int(bool(case.bias))
-    if case.op == "batch_norm":
+    if case.track_running_stats:
         count += 4 if case.training else 2
     return count
 
 
+def _backward_params(case: Case) -> int:
+    """Parameter-sized tensors the backward alone moves: read weight, write dweight and dbias; eval
+    with running statistics reads them again (rstd for dx, mean and rstd for dweight's xhat)."""
+    count = 2 * int(case.weight) + int(bool(case.bias))
+    return count if case.uses_batch_stats else count + 2
+
+
 def _stat_bytes(case: Case) -> int:
-    """Per-group statistics a forward saves for its backward: mean and rstd (RMSNorm: rstd only)."""
-    groups = case.shape[1] if case.op == "batch_norm" else case.rows
+    """Per-group statistics a forward saves for its backward: mean and rstd (RMSNorm: rstd only) of
+    every LN/RMS row, BN channel or GN/IN (sample, group); none where the running statistics
+    normalize (eval), since the backward reads those instead."""
+    if not case.uses_batch_stats:
+        return 0
+    groups = case.shape[1] if case.op == "batch_norm" else case.rows  # GN/IN: samples x groups
     per_group = 1 if case.op in ("rms_norm", "add_rms_norm") else 2
     return groups * per_group * (8 if case.dtype == "float64" else _STAT_BYTES)
 
@@ -66,8 +78,6 @@ def traffic(case: Case, check: str) -> Traffic:
     forward = Traffic(_forward_tensors(case) * tensor, _forward_params(case) * param)
     if check == "forward":
         return forward
-    # The backward reads the weight again and writes d(weight), d(bias); the statistics are
-    # written by the forward and read back by the backward.
-    grads = int(case.weight) + int(bool(case.bias))
-    weights = forward.weights + (int(case.weight) + grads) * param + 2 * _stat_bytes(case)
+    # The statistics are written by the forward and read back by the backward.
+    weights = forward.weights + _backward_params(case) * param + 2 * _stat_bytes(case)
     return Traffic(forward.activations + _backward_tensors(case) * tensor, weights)

@@ -1,4 +1,5 @@
-"""The benchmark case sweeps: LLM hidden sizes from decode-like to memory-bound row counts.
+"""The benchmark case sweeps: LLM hidden sizes from decode-like to memory-bound row counts, and the
+GroupNorm / InstanceNorm activations of image models.
 
 Case ids are built exactly as the conformance suite's, so a benchmark joins the conformance results
 of the same case; the decode shapes (4, 4096) and (2, 8192) are also in the ``ci`` profile. The op
@@ -15,6 +16,8 @@ from conformance.model.profiles import Grid
 BENCH_PROFILES: tuple[str, ...] = ("sweep", "quick", "tiny", *profiles.PROFILES)
 OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 DTYPES = ("float32", "float16", "bfloat16")
+# Diffusion U-Nets and their VAEs normalize with 32 groups (Stable Diffusion, diffusers' default).
+UNET_GROUPS = 32
 
 SWEEP: tuple[Grid, ...] = (
     Grid(
@@ -28,6 +31,20 @@ SWEEP: tuple[Grid, ...] = (
         {"shape": ((256, 4096), (4096, 1024), (2048, 4096), (2048, 8192)), "dtype": DTYPES, "op": OPS},
         {"eps": 1e-5},
     ),
+    Grid(
+        "diffusion GroupNorm, 32 groups: the Stable Diffusion 1.x U-Net's first blocks (320 channels at"
+        " 64 x 64, batch 2 for classifier-free guidance: 10 MiB in float32), and its VAE decoding a"
+        " 256 x 256 image: the mid block (512 channels at 32 x 32) and the last up block (128 channels"
+        " at 256 x 256: 32 MiB, memory rather than cache)",
+        {"shape": ((2, 320, 64, 64), (1, 512, 32, 32), (1, 128, 256, 256)), "dtype": DTYPES},
+        {"eps": 1e-5, "op": "group_norm", "num_groups": UNET_GROUPS},
+    ),
+    Grid(
+        "InstanceNorm on style-transfer images (torch's default: instance statistics, no running ones):"
+        " 64 channels at 128 x 128 in batches of 1 and 4 (4 and 16 MiB in float32)",
+        {"shape": ((1, 64, 128, 128), (4, 64, 128, 128)), "dtype": DTYPES},
+        {"eps": 1e-5, "op": "instance_norm"},
+    ),
 )
 
 QUICK: tuple[Grid, ...] = (
@@ -36,6 +53,16 @@ QUICK: tuple[Grid, ...] = (
         {"shape": ((4, 4096), (2048, 4096)), "dtype": DTYPES, "op": OPS},
         {"eps": 1e-5},
     ),
+    Grid(
+        "the Stable Diffusion latent GroupNorm per dtype",
+        {"dtype": DTYPES},
+        {"eps": 1e-5, "op": "group_norm", "shape": (2, 320, 64, 64), "num_groups": UNET_GROUPS},
+    ),
+    Grid(
+        "one style-transfer InstanceNorm batch per dtype",
+        {"dtype": DTYPES},
+        {"eps": 1e-5, "op": "instance_norm", "shape": (4, 64, 128, 128)},
+    ),
 )
 
 TINY: tuple[Grid, ...] = (
@@ -43,6 +70,16 @@ TINY: tuple[Grid, ...] = (
         "tiny shapes that run every benchmark path in seconds (the suite's own tests)",
         {"op": OPS, "dtype": DTYPES, "shape": ((4, 64),)},
         {"eps": 1e-5},
+    ),
+    Grid(
+        "a tiny GroupNorm (2 groups) image per dtype",
+        {"dtype": DTYPES},
+        {"eps": 1e-5, "op": "group_norm", "shape": (2, 8, 4, 4), "num_groups": 2},
+    ),
+    Grid(
+        "a tiny InstanceNorm image per dtype",
+        {"dtype": DTYPES},
+        {"eps": 1e-5, "op": "instance_norm", "shape": (2, 8, 4, 4)},
     ),
 )
 

@@ -1,8 +1,8 @@
 """``--save-failures``: shrink a failing comparison check to a few numbers and save it as a bundle.
 
-Shrinking keeps what still fails: the fewest rows of the original input (LN/RMS rows and BN
-channels are independent), and the smallest feature size whose regenerated inputs (same dist and
-seed) fail; the smaller of the two is saved, with the original case and figures beside it.
+Shrinking keeps what still fails: the fewest rows of the original input (LN/RMS rows, BN channels
+and GN/IN samples are independent), and the smallest feature size whose regenerated inputs (same
+dist and seed) fail; the smaller of the two is saved, with the original case and figures beside it.
 """
 
 from __future__ import annotations

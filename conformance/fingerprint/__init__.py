@@ -21,7 +21,8 @@ from conformance.adapter.execute import AdapterError, run_backend
 from conformance.fingerprint.cases import Probe
 from conformance.fingerprint.emulate import emulate
 from conformance.fingerprint.questions import QUESTIONS, Question
-from conformance.model.case import Case
+from conformance.model.case import GROUP_OPS, Case
+from conformance.model.geometry import geometry
 from conformance.model.outputs import output_shape, produced
 from conformance.results.records import FingerprintRecord
 
@@ -76,8 +77,9 @@ def mismatch(actual: np.ndarray, predicted: np.ndarray, mask: np.ndarray) -> flo
 
 
 def infer_eps(case: Case, inputs: Mapping[str, np.ndarray], y: np.ndarray) -> dict[str, tuple[float, float]]:
-    """For each place eps can enter (and, for LayerNorm, each variance divisor), the eps that
-    explains y and how well that eps then fits every row.
+    """For each place eps can enter (and, for the ops that centre, each variance divisor; for
+    GroupNorm, statistics per group or per channel), the eps that explains y and how well that eps
+    then fits every row.
 
     The estimate comes from the rows of least variance, where y = d / sqrt(var + eps) gives
     eps = (d / y)^2 - var (inside the root) or eps = |d / y| - sqrt(var) (added to the standard
@@ -85,21 +87,12 @@ def infer_eps(case: Case, inputs: Mapping[str, np.ndarray], y: np.ndarray) -> di
     the convention the backend uses fits the rows whose variance is comparable to eps.
     """
     x = np.asarray(inputs["x"], dtype=np.float64)
-    if case.op == "batch_norm":
-        shape = (1, -1) + (1,) * (x.ndim - 2)
-        d = x - np.asarray(inputs["running_mean"], dtype=np.float64).reshape(shape)
-        variances = {"": np.asarray(inputs["running_var"], dtype=np.float64).reshape(shape)}
-    else:
-        axes = tuple(range(x.ndim - case.norm_ndim, x.ndim))
-        d = x - x.mean(axis=axes, keepdims=True) if case.op == "layer_norm" else x
-        variances = {"": np.square(d).mean(axis=axes, keepdims=True)}
-        if case.op == "layer_norm":
-            n = d.size // variances[""].size
-            variances[", unbiased"] = variances[""] * n / (n - 1)
-    actual = np.asarray(y).astype(np.float64)
-    used = (d != 0) & (actual != 0) & np.isfinite(actual)
+    if case.op in GROUP_OPS:
+        x = x.reshape(geometry(case).shape)
+    actual = np.asarray(y).astype(np.float64).reshape(x.shape)
     found = {}
-    for suffix, narrow in variances.items():
+    for suffix, d, narrow in _statistics(case, inputs, x):
+        used = (d != 0) & (actual != 0) & np.isfinite(actual)
         var = np.broadcast_to(narrow, x.shape)
         tiny = used & (var == var[used].min()) if used.any() else used
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -111,6 +104,34 @@ def infer_eps(case: Case, inputs: Mapping[str, np.ndarray], y: np.ndarray) -> di
     return found
 
 
+def _statistics(
+    case: Case, inputs: Mapping[str, np.ndarray], x: np.ndarray
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(name suffix, x - mean, variance) for each way the backend may compute its statistics; GN/IN
+    ``x`` is the geometry view, where a group is the last two axes (a channel the last one)."""
+    if case.op == "batch_norm":
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        d = x - np.asarray(inputs["running_mean"], dtype=np.float64).reshape(shape)
+        return [("", d, np.asarray(inputs["running_var"], dtype=np.float64).reshape(shape))]
+    if case.op in GROUP_OPS:
+        reductions = {"": geometry(case).group_axes}
+        if case.op == "group_norm":
+            reductions[", per channel"] = (3,)
+    else:
+        reductions = {"": tuple(range(x.ndim - case.norm_ndim, x.ndim))}
+    found = []
+    for name, axes in reductions.items():
+        d = x - x.mean(axis=axes, keepdims=True) if case.op in _CENTRED else x
+        var = np.square(d).mean(axis=axes, keepdims=True)
+        found.append((name, d, var))
+        if case.op in _CENTRED:
+            n = d.size // var.size
+            found.append((name + ", unbiased", d, var * n / (n - 1)))
+    return found
+
+
+# Ops that subtract a mean before normalizing (and may divide its variance by n - 1).
+_CENTRED = frozenset({"layer_norm", "group_norm", "instance_norm"})
 _PLACES: tuple[tuple[str, Any, Any], ...] = (
     ("inside-sqrt", lambda r, v: np.square(r) - v, lambda v, e: np.sqrt(v + e)),
     ("added-to-std", lambda r, v: r - np.sqrt(v), lambda v, e: np.sqrt(v) + e),

@@ -184,3 +184,97 @@ def eps_candidates(dtype: str) -> dict[str, float]:
     for name in dict.fromkeys(("float32", dtype)):
         named[f"finfo({name}).eps"] = float(finfo(name).eps)
     return named
+
+
+# ----------------------------------------------------------------------------- GroupNorm, InstanceNorm
+def channel_case(op: str, rows: int, length: int, dtype: str, eps: float) -> Case:
+    """A GN/IN case whose normalization groups, in order, are ``rows`` rows of ``length`` values: two
+    groups per sample, each of two channels (GroupNorm) or one (InstanceNorm). Groups are contiguous
+    in x, so a row probe's values become the groups unchanged."""
+    if op == "group_norm":
+        return Case(op, (rows // 2, 4, length // 2), dtype, eps, num_groups=2)
+    return Case(op, (rows // 2, 2, length), dtype, eps)
+
+
+def group_probe(op: str, x: np.ndarray, dtype: str, eps: float) -> Probe:
+    """A row probe's rows as the groups of a GN/IN case."""
+    case = channel_case(op, x.shape[0], x.shape[1], dtype, eps)
+    return Probe(case, probes.instances(case, x), False, ("y",))
+
+
+def eps_groups(op: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        return group_probe(op, probes.alternating(EPS_SCALES, 4), "float32", EPS_VALUE)
+
+    return make
+
+
+def variance_groups(op: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        return group_probe(op, np.array([[3.0, 1.0, -1.0, 1.0], [0.5, -0.25, 1.0, 0.75]]), "float32", 1e-12)
+
+    return make
+
+
+def passes_groups(op: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        return group_probe(op, probes.cancelling("float32", 2), "float32", 1e-12)
+
+    return make
+
+
+def stats_groups(op: str, dtype: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        return group_probe(op, probes.off_grid_means(dtype, 6), dtype, 1e-6)
+
+    return make
+
+
+def default_eps_groups(op: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        # eps unused: the probe runs through prepare_default_eps
+        return group_probe(op, probes.ladder(8), "float32", 1e-5)
+
+    return make
+
+
+# Channel means far apart within each group: per-channel statistics then normalize every channel
+# to mean 0, per-group ones leave the channels' offsets in y.
+_CHANNEL_OFFSETS = np.array([0.0, 1.0, -1.0, 0.5])
+
+
+def groups_gn() -> Probe:
+    case = Case("group_norm", (2, 4, 3), "float32", 1e-12, num_groups=2)
+    x = probes.dyadic(17, case.shape) + _CHANNEL_OFFSETS.reshape(1, 4, 1)
+    return Probe(case, probes.instances(case, x), False, ("y",))
+
+
+def affine_gn() -> Probe:
+    case = Case("group_norm", (2, 4, 3), "float32", 1e-12, num_groups=2)
+    weight, bias = np.array([1.0, 0.5, -0.75, 1.25]), np.array([0.25, -0.5, 1.0, 0.0])
+    return Probe(
+        case, probes.instances(case, probes.dyadic(18, case.shape), weight=weight, bias=bias), False, ("y",)
+    )
+
+
+def in_update(momentum: float | None, *outputs: str) -> Callable[[], Probe]:
+    """InstanceNorm training with running statistics: 2 samples x 2 channels of 4 values, running
+    statistics far from the instances' (dyadic means; unbiased variances 4/3 of the biased)."""
+
+    def make() -> Probe:
+        case = Case(
+            "instance_norm",
+            (2, 2, 4),
+            "float32",
+            1e-12,
+            training=True,
+            momentum=momentum,
+            track_running_stats=True,
+        )
+        x = np.array(
+            [[[1.0, 0.0, 1.0, 0.0], [-1.0, -2.0, -1.0, 0.0]], [[3.0, 1.0, 3.0, 1.0], [0.0, 2.0, 0.0, -2.0]]]
+        )
+        inputs = probes.instances(case, x, np.array([4.0, -6.0]), np.array([2.0, 3.0]))
+        return Probe(case, inputs, False, outputs)
+
+    return make

@@ -2,7 +2,8 @@
 
 A ``Convention`` is the reference semantics with some choices changed; ``emulate`` computes a case's
 outputs under it, so each fingerprint hypothesis predicts what a backend following that convention
-returns, to the bit where the order of its reductions does not matter.
+returns, to the bit where the order of its reductions does not matter. GroupNorm and InstanceNorm are
+computed on the geometry view of x (N, G, C/G, spatial), where a group is the last two axes.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conformance.model.case import Case
+from conformance.model.case import CHANNEL_OPS, GROUP_OPS, Case
 from conformance.model.dtypes import round_to
+from conformance.model.geometry import geometry
 
 Array = np.ndarray
 Round = Callable[[Array], Array]
@@ -32,11 +34,14 @@ class Convention:
     variance_of: str = "x"  # two-pass variance about the exact mean | "centred": of the rounded x - mean
     normalize: str = "divide"  # d / s | "reciprocal": d * (1 / s) | "reciprocal_wide": 1 / s in float32
     axes: str = "trailing"  # LN/RMS: the trailing norm_ndim dims | "last": the last dim only
+    # GN/IN: statistics over each group of channels | "channel": per channel (GroupNorm as InstanceNorm)
+    groups: str = "group"
+    affine: str = "channel"  # GN weight and bias per channel | "group": the group's first channel's for all
     bias: str = "applied"  # | "ignored"
     dx: str = "full"  # | "no_mean_terms": statistics treated as constants
     weight_cast: str = "before"  # weight times the wide xhat | "after": xhat rounded to the dtype first
     offset: str = "applied"  # RMSNorm scale offset + w | "ignored": w
-    momentum: str = "torch"  # (1 - m) r + m b | "onnx": m r + (1 - m) b
+    momentum: str = "torch"  # (1 - m) r + m b | "onnx": m r + (1 - m) b | "frozen": never updated
     running_var: str = "unbiased"  # running update with the unbiased batch variance | "biased"
     momentum_none: str = "cumulative"  # momentum=None: factor 1 on the first batch | "zero" | "default"
 
@@ -86,16 +91,26 @@ def _stats_dtype(case: Case, conv: Convention) -> str:
 def _axes(case: Case, conv: Convention, ndim: int) -> tuple[int, ...]:
     if case.op == "batch_norm":
         return (0, *range(2, ndim))
+    if case.op in GROUP_OPS:
+        return (3,) if conv.groups == "channel" else (2, 3)
     count = 1 if conv.axes == "last" else case.norm_ndim
     return tuple(range(ndim - count, ndim))
 
 
-def _param(case: Case, inputs: Mapping[str, Array], name: str, ndim: int) -> Array | None:
+def _param(
+    case: Case, inputs: Mapping[str, Array], name: str, ndim: int, conv: Convention = REFERENCE
+) -> Array | None:
     if name not in inputs:
         return None
     values = np.asarray(inputs[name], dtype=np.float64)
     if case.op == "batch_norm":
         return values.reshape((1, -1) + (1,) * (ndim - 2))
+    if case.op in GROUP_OPS:
+        grouped = values.reshape(geometry(case).param_shape)
+        if conv.affine == "group" and name in ("weight", "bias"):
+            # Every channel of a group takes its first channel's parameter.
+            grouped = np.broadcast_to(grouped[:, :1], grouped.shape)
+        return grouped
     return values
 
 
@@ -145,7 +160,7 @@ def _statistics(
 ) -> tuple[Array, Array]:
     """(mean, var) the op normalizes with: batch statistics, running ones, or (RMS) 0 and mean(x^2)."""
     ndim = x.ndim
-    if case.op == "batch_norm" and not case.training:
+    if case.op in CHANNEL_OPS and not case.uses_batch_stats:
         mean, var = _param(case, inputs, "running_mean", ndim), _param(case, inputs, "running_var", ndim)
         assert mean is not None and var is not None, "BN inputs carry running statistics"
         return w.r(mean), w.r(var)
@@ -159,7 +174,7 @@ def _affine(
     case: Case, inputs: Mapping[str, Array], xhat: Array, tail: Round, conv: Convention
 ) -> tuple[Array, Array | None]:
     """(y before the final rounding, effective scale) with the convention's weight and bias handling."""
-    weight = _param(case, inputs, "weight", xhat.ndim)
+    weight = _param(case, inputs, "weight", xhat.ndim, conv)
     scale = None
     if weight is not None:
         offset = case.weight_offset if conv.offset == "applied" else 0.0
@@ -172,26 +187,35 @@ def _affine(
             y = rounder(case.dtype)(rounder(case.dtype)(xhat) * scale)
         else:
             y = tail(xhat * scale)
-    bias = _param(case, inputs, "bias", xhat.ndim)
+    bias = _param(case, inputs, "bias", xhat.ndim, conv)
     if bias is not None and conv.bias == "applied":
         y = tail(y + bias)
     return y, scale
+
+
+def _per_channel(case: Case, stats: Array) -> Array:
+    """Batch statistics per channel: BN's as they are; InstanceNorm's instance statistics averaged
+    over the samples (torch's F.instance_norm)."""
+    if case.op == "instance_norm":
+        per_sample: Array = stats.reshape(case.shape[0], -1).mean(axis=0)
+        return per_sample
+    return stats.reshape(-1)
 
 
 def _running(
     case: Case, inputs: Mapping[str, Array], mean: Array, var: Array, count: int, conv: Convention
 ) -> dict[str, Array]:
     m = _NONE_FACTOR[conv.momentum_none] if case.momentum is None else case.momentum
-    keep, take = (m, 1.0 - m) if conv.momentum == "onnx" else (1.0 - m, m)
-    batch_var = var.reshape(-1)
+    keep, take = {"onnx": (m, 1.0 - m), "frozen": (1.0, 0.0)}.get(conv.momentum, (1.0 - m, m))
+    batch_var = var
     if conv.running_var == "unbiased":
         batch_var = batch_var * (count / (count - 1))
     r32, rp = rounder("float32"), rounder(case.weight_dtype)
     rm = np.asarray(inputs["running_mean"], dtype=np.float64)
     rv = np.asarray(inputs["running_var"], dtype=np.float64)
     return {
-        "running_mean": rp(r32(keep * rm + take * mean.reshape(-1))),
-        "running_var": rp(r32(keep * rv + take * batch_var)),
+        "running_mean": rp(r32(keep * rm + take * _per_channel(case, mean))),
+        "running_var": rp(r32(keep * rv + take * _per_channel(case, batch_var))),
     }
 
 
@@ -205,8 +229,8 @@ def _dx(
     conv: Convention,
 ) -> Array:
     g: Array = dy if scale is None else dy * scale
-    if (case.op == "batch_norm" and not case.training) or conv.dx == "no_mean_terms":
-        # Eval BN treats its statistics as constants; the broken convention does so everywhere.
+    if (case.op in CHANNEL_OPS and not case.uses_batch_stats) or conv.dx == "no_mean_terms":
+        # Running statistics are constants; the broken convention treats batch ones so too.
         dx: Array = g * rstd
         return dx
     mean_gx = (g * xhat).mean(axis=axes, keepdims=True)
@@ -226,17 +250,20 @@ def emulate(
     """
     stats = _stats_dtype(case, conv)
     w = _Work(rounder(stats), narrow=conv.reduce == "narrow" and stats == case.dtype)
-    x = w.r(np.asarray(inputs["x"], dtype=np.float64))
+    # Channel groups become plain axes of the geometry view; every other op keeps x's shape.
+    view = geometry(case).shape if case.op in GROUP_OPS else case.shape
+    x = w.r(np.asarray(inputs["x"], dtype=np.float64).reshape(view))
     axes = _axes(case, conv, x.ndim)
     mean, var = _statistics(case, inputs, x, axes, w, conv)
     s = _inverse(var, case.eps, w, conv)
     d = x if case.op in ("rms_norm", "add_rms_norm") else w.r(x - mean)
     xhat, rstd, tail = _normalized(d, s, w, conv)
     y, scale = _affine(case, inputs, xhat, tail, conv)
-    out = {"y": rounder(case.dtype)(y), "y@wide": y}
-    if case.op == "batch_norm" and case.training:
-        out.update(_running(case, inputs, mean, var, x.size // case.shape[1], conv))
+    out = {"y": rounder(case.dtype)(y).reshape(case.shape), "y@wide": y.reshape(case.shape)}
+    if case.training:
+        count = int(np.prod([x.shape[a] for a in axes]))
+        out.update(_running(case, inputs, mean, var, count, conv))
     if grad:
-        dy = np.asarray(inputs["dy"], dtype=np.float64)
-        out["dx"] = rounder(case.dtype)(_dx(case, dy, scale, xhat, rstd, axes, conv))
+        dy = np.asarray(inputs["dy"], dtype=np.float64).reshape(view)
+        out["dx"] = rounder(case.dtype)(_dx(case, dy, scale, xhat, rstd, axes, conv)).reshape(case.shape)
     return out

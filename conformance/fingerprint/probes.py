@@ -52,6 +52,27 @@ def channels(
     }
 
 
+def instances(
+    case: Case,
+    x: np.ndarray,
+    running_mean: np.ndarray | None = None,
+    running_var: np.ndarray | None = None,
+    **params: np.ndarray,
+) -> Inputs:
+    """GN/IN inputs: ``x`` in the layout of case.shape, the parameters, and (InstanceNorm with
+    running statistics) running_mean and running_var, 0 and 1 unless given."""
+    inputs = rows(case, x, **params)
+    if case.track_running_stats:
+        c = case.shape[1]
+        inputs["running_mean"] = round_to(
+            np.zeros(c) if running_mean is None else running_mean, case.weight_dtype
+        )
+        inputs["running_var"] = round_to(
+            np.ones(c) if running_var is None else running_var, case.weight_dtype
+        )
+    return inputs
+
+
 def alternating(scales: list[float], length: int) -> np.ndarray:
     """Rows (+s, -s, +s, ...): mean 0 and variance (and mean square) s^2, exactly."""
     signs = np.where(np.arange(length) % 2 == 0, 1.0, -1.0)

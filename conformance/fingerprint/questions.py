@@ -139,6 +139,11 @@ MOMENTUM_NONE = {
 DX = {"full": _one(), "no-mean-terms": _one(dx="no_mean_terms")}
 BIAS = {"applied": _one(), "ignored": _one(bias="ignored")}
 AXES = {"trailing": _one(), "last-dim": _one(axes="last")}
+GROUPS = {"per-group": _one(), "per-channel": _one(groups="channel")}
+AFFINE = {"per-channel": _one(), "per-group": _one(affine="group")}
+# InstanceNorm's running statistics: torch.nn.InstanceNorm passes momentum 0 for momentum=None, so a
+# backend whose statistics are never updated is a convention seen in the wild, not only a bug.
+MOMENTUM_IN = {**MOMENTUM, "not-updated": _one(momentum="frozen")}
 
 
 # ----------------------------------------------------------------------------- the table
@@ -292,11 +297,14 @@ def _questions() -> list[Question]:
             "trailing",
         ),
     ]
+    table += _group_questions()
     defaults = [
         ("layer_norm.default_eps", cases.default_eps_row("layer_norm", "float32"), "float32"),
         ("rms_norm.default_eps", cases.default_eps_row("rms_norm", "float32"), "float32"),
         ("rms_norm.default_eps.bfloat16", cases.default_eps_row("rms_norm", "bfloat16"), "bfloat16"),
         ("batch_norm.default_eps", cases.default_eps_bn, "float32"),
+        ("group_norm.default_eps", cases.default_eps_groups("group_norm"), "float32"),
+        ("instance_norm.default_eps", cases.default_eps_groups("instance_norm"), "float32"),
     ]
     for name, make, dtype in defaults:
         table.append(
@@ -313,12 +321,98 @@ def _questions() -> list[Question]:
     return [_with_nuisance(question) for question in table]
 
 
+def _group_questions() -> list[Question]:
+    """GroupNorm and InstanceNorm (with instance statistics unless a running-statistics question): the
+    row probes' rows become their groups (cases.channel_case), so the same values tell the same
+    conventions apart."""
+    q = Question
+    table = []
+    for op in ("group_norm", "instance_norm"):
+        table += [
+            q(
+                f"{op}.eps",
+                "where eps enters: sqrt(var + eps), sqrt(var) + eps, or not at all",
+                cases.eps_groups(op),
+                EPS,
+                "inside-sqrt",
+            ),
+            q(
+                f"{op}.variance",
+                "normalization variance divides by n (biased) or n - 1",
+                cases.variance_groups(op),
+                VARIANCE,
+                "biased",
+            ),
+            q(
+                f"{op}.passes",
+                "variance from centred values (two-pass, Welford) or E[x^2] - E[x]^2",
+                cases.passes_groups(op),
+                PASSES,
+                "two-pass",
+            ),
+        ]
+    table += [
+        q(
+            f"group_norm.stats_precision.{dtype}",
+            f"mean and variance of {dtype} groups in float32 or in {dtype}",
+            cases.stats_groups("group_norm", dtype),
+            STATS,
+            "float32",
+        )
+        for dtype in ("bfloat16", "float16")
+    ]
+    table += [
+        q(
+            "group_norm.groups",
+            "statistics over each group of C/G channels, or per channel (as InstanceNorm)",
+            cases.groups_gn,
+            GROUPS,
+            "per-group",
+        ),
+        q(
+            "group_norm.affine",
+            "weight and bias per channel, or the group's first channel's for all its channels",
+            cases.affine_gn,
+            AFFINE,
+            "per-channel",
+        ),
+        q(
+            "instance_norm.momentum",
+            "running = (1 - m) r + m b (torch), m r + (1 - m) b (ONNX), or never updated",
+            cases.in_update(0.25, "running_mean"),
+            MOMENTUM_IN,
+            "torch",
+        ),
+        q(
+            "instance_norm.running_var",
+            "running variance updated with the unbiased or biased instance variances",
+            cases.in_update(0.5, "y", "running_var"),
+            RUNNING_VAR,
+            "unbiased",
+        ),
+        q(
+            "instance_norm.momentum_none",
+            "momentum=None: cumulative average (first step: running = batch), 0 (never updated) or 0.1",
+            cases.in_update(None, "running_mean"),
+            MOMENTUM_NONE,
+            "cumulative",
+        ),
+    ]
+    return table
+
+
+_CENTRING = ("layer_norm", "batch_norm", "group_norm", "instance_norm")
+
+
 def _with_nuisance(question: Question) -> Question:
-    """LN and BN answers hold whichever normalization variance the backend uses; the eps precision
-    answer holds wherever the backend adds eps."""
+    """Answers of ops that centre hold whichever normalization variance the backend uses; GroupNorm's
+    hold whether its statistics are per group or per channel; the eps precision answer holds wherever
+    the backend adds eps."""
     nuisance: list[Mapping[str, str]] = [{}]
-    if question.op in ("layer_norm", "batch_norm") and question.hypotheses is not VARIANCE:
+    if question.op in _CENTRING and question.hypotheses is not VARIANCE:
         nuisance.append({"variance": "unbiased"})
+    if question.op == "group_norm" and question.hypotheses is not GROUPS:
+        nuisance += [{**changes, "groups": "channel"} for changes in nuisance]
     if question.hypotheses is EPS_DTYPE:
         nuisance += [{**changes, "eps": "std"} for changes in nuisance]
     return replace(question, nuisance=tuple(nuisance))

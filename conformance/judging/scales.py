@@ -7,7 +7,8 @@ result. So atol multiplies max(rms(expected), typical term size), never the resu
 Where both are exactly 0 the output is a sum or product of exact zeros (y and dweight of rows whose
 normalized values are all exactly 0, x + residual of zero rows), which every formulation returns
 exactly: the scale is then 0 and the output is checked exactly. Running statistics are the exception:
-a variance of a constant channel computed with a rounded mean is a tiny square, not 0.
+a variance of a constant channel computed with a rounded mean is a tiny square, not 0 (unless the
+channel and the running statistics are exact zeros: then their bound is 0 too).
 """
 
 from __future__ import annotations
@@ -16,16 +17,26 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from conformance.judging.bounds import group_axes, per_param, view
+from conformance.judging.bounds import bound, group_axes, per_param, view
 from conformance.model.case import Case
 from conformance.oracle.layer_norm import moments
 
 Arrays = Mapping[str, np.ndarray]
+# Magnitudes whose squares stay normal float64 numbers (squares overflow past 1.3e154 and become
+# subnormal below 1.5e-154): outside them the values are divided by the largest before squaring, so a
+# running variance of 1e-320 or 1e300 gets its own size as scale, not 0 or inf.
+_SQUARES_NORMAL = (1e-150, 1e150)
 
 
 def _rms(values: np.ndarray) -> float:
     finite = values[np.isfinite(values)].astype(np.float64)
-    return float(np.sqrt(np.mean(np.square(finite)))) if finite.size else 0.0
+    if not finite.size:
+        return 0.0
+    largest = float(np.max(np.abs(finite)))
+    low, high = _SQUARES_NORMAL
+    if largest == 0.0 or low <= largest <= high:
+        return float(np.sqrt(np.mean(np.square(finite))))
+    return largest * float(np.sqrt(np.mean(np.square(finite / largest))))
 
 
 def _rstd(case: Case, inputs: Arrays, expected: Arrays) -> np.ndarray:
@@ -105,9 +116,12 @@ ROUNDED_ZEROS = frozenset({"running_mean", "running_var"})
 
 def scale(case: Case, output: str, inputs: Arrays, expected: Arrays) -> float:
     """max(rms(expected), term size); 0 where both are 0 (an exact zero, checked exactly), except
-    for the running statistics, whose atol is then absolute (scale 1)."""
+    for the running statistics, whose atol is then absolute (scale 1) unless their bound is 0 too."""
     terms = TERMS[output](case, inputs, expected) if output in TERMS else 0.0
     value = max(_rms(np.asarray(expected[output])), terms)
     if not np.isfinite(value):
         return 1.0
-    return 1.0 if value == 0 and output in ROUNDED_ZEROS else value
+    if value == 0 and output in ROUNDED_ZEROS:
+        # Statistics of exact zeros blended with zero running statistics are exact zeros.
+        return 1.0 if bound(case, output, inputs, expected) > 0 else 0.0
+    return value

@@ -21,8 +21,9 @@ from conformance.adapter.backend import Backend
 from conformance.adapter.execute import run_backend
 from conformance.judging import allowance
 from conformance.judging.tolerances import ToleranceTable
-from conformance.model.case import Case
+from conformance.model.case import GROUP_OPS, Case
 from conformance.model.dtypes import round_to
+from conformance.model.geometry import geometry
 from conformance.model.inputs import make_inputs
 from conformance.model.outputs import output_dtype, output_shape, produced
 
@@ -32,7 +33,12 @@ EPSILONS: tuple[float, ...] = (1e-6, 1e-5, 1e-3)
 
 @dataclass(frozen=True)
 class Example:
-    """What a property is evaluated on; ``knob`` and ``flag`` mean what each property says."""
+    """What a property is evaluated on; ``knob`` and ``flag`` mean what each property says.
+
+    LN/RMS cases are ``rows`` x ``features``. GroupNorm/InstanceNorm cases are (rows, C, features):
+    ``rows`` samples of ``groups`` groups of ``width`` channels (InstanceNorm: one channel per group,
+    ``width`` unused) holding ``features`` spatial values each.
+    """
 
     op: str
     dtype: str
@@ -42,6 +48,8 @@ class Example:
     eps: float
     knob: int = 0
     flag: bool = False
+    groups: int = 1
+    width: int = 1
 
     def case(self, **changes: object) -> Case:
         fields: dict[str, object] = {
@@ -51,6 +59,10 @@ class Example:
             "eps": self.eps,
             "seed": self.seed,
         }
+        if self.op == "group_norm":
+            fields.update(shape=(self.rows, self.groups * self.width, self.features), num_groups=self.groups)
+        elif self.op == "instance_norm":
+            fields.update(shape=(self.rows, self.groups, self.features))
         return Case(**{**fields, **changes})  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, object]:
@@ -300,6 +312,106 @@ def feature_size_one(backend: Backend, example: Example, ctx: PropertyContext) -
     return combine([_against_oracle(result, name) for name in result.actual])
 
 
+# ----------------------------------------------------------------------------- GroupNorm, InstanceNorm
+# A (sample, group) of x is one plain index of the geometry view (N, G, C/G, spatial) of x.
+def _groupwise(case: Case, values: np.ndarray) -> np.ndarray:
+    """``values`` (x-shaped) as the geometry view, whose first two axes index (sample, group)."""
+    return np.asarray(values).reshape(geometry(case).shape)
+
+
+def _target(case: Case, index: int) -> tuple[int, int]:
+    """The (sample, group) a property changes, from a drawn integer."""
+    samples, groups = geometry(case).shape[:2]
+    return index % samples, (index // samples) % groups
+
+
+def _group_grid(example: Example, case: Case, spread: int = 8, step: float = 2.0**-3) -> np.ndarray:
+    """``_grid``'s values in the case's (N, C, spatial) shape."""
+    rng = np.random.default_rng(example.seed)
+    values: np.ndarray = step * rng.integers(-spread, spread + 1, size=case.shape)
+    return values
+
+
+def _only(result: Evaluation, take: Callable[[np.ndarray], np.ndarray]) -> Evaluation:
+    """``result``'s y restricted to the elements ``take`` selects (of x's shape)."""
+    pick: Callable[[Mapping[str, np.ndarray]], Arrays] = lambda d: {"y": take(np.asarray(d["y"]))}  # noqa: E731
+    return Evaluation(result.case, pick(result.actual), pick(result.expected), pick(result.allowance))
+
+
+def _other_groups(case: Case, sample: int, group: int) -> Callable[[np.ndarray], np.ndarray]:
+    keep = np.ones(geometry(case).shape[:2], dtype=bool)
+    keep[sample, group] = False
+    return lambda a: _groupwise(case, a)[keep]
+
+
+def group_shift_invariance(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
+    """Adding c to one (sample, group) leaves every output unchanged: that group's, by shift
+    invariance, and every other group's, by independence (c = knob grid steps; x + c exact)."""
+    case = example.case()
+    x = _group_grid(example, case)
+    sample, group = _target(case, example.seed)
+    moved_x = x.copy()
+    _groupwise(case, moved_x)[sample, group] += 2.0**-3 * example.knob
+    base = evaluate(backend, case, _inputs(case, False, x), ctx)
+    moved = evaluate(backend, case, _inputs(case, False, moved_x), ctx)
+    return relate("y", moved, base)
+
+
+def group_scale_invariance(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
+    """One (sample, group) scaled by a = 2^k and 2^-k (k = knob, exact) with eps scaled by a^2 gives
+    that group the same output; the other groups see another eps, so only the scaled one is compared."""
+    case = example.case()
+    x = _group_grid(example, case, spread=64, step=2.0**-4)
+    sample, group = _target(case, example.seed)
+    inputs = _inputs(case, False, x)
+    base = evaluate(backend, case, inputs, ctx)
+    outcomes = []
+    for exponent in (example.knob, -example.knob):
+        a = 2.0**exponent
+        scaled_x = x.copy()
+        _groupwise(case, scaled_x)[sample, group] *= a
+        # The same parameters: the scaled case's own inputs would be drawn for its other eps.
+        scaled_case = example.case(eps=example.eps * a * a)
+        scaled = evaluate(backend, scaled_case, {**inputs, "x": round_to(scaled_x, case.dtype)}, ctx)
+        take: Callable[[np.ndarray], np.ndarray] = lambda v: _groupwise(case, v)[sample, group]  # noqa: E731
+        outcomes.append(relate("y", _only(scaled, take), _only(base, take)))
+    return combine(outcomes)
+
+
+def _replaced(example: Example, case: Case, values: np.ndarray) -> np.ndarray:
+    """Other values far from ``values``'s (32 times larger, offset by 3): a leak of statistics shows."""
+    other = make_inputs(example.case(seed=example.seed + 1, dist="normal"))["x"].astype(np.float64)
+    return round_to(32.0 * other.reshape(-1)[: values.size].reshape(values.shape) + 3.0, case.dtype)
+
+
+def sample_independence(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
+    """Changing sample ``knob`` leaves every other sample's output as it was."""
+    case = example.case()
+    inputs = _inputs(case, False)
+    j = example.knob % example.rows
+    changed = inputs["x"].copy()
+    changed[j] = _replaced(example, case, changed[j])
+    base = evaluate(backend, case, inputs, ctx)
+    moved = evaluate(backend, case, {**inputs, "x": changed}, ctx)
+    keep = [i for i in range(example.rows) if i != j]
+    take: Callable[[np.ndarray], np.ndarray] = lambda a: a[keep]  # noqa: E731
+    return relate("y", _only(moved, take), _only(base, take))
+
+
+def group_independence(backend: Backend, example: Example, ctx: PropertyContext) -> Outcome:
+    """Changing one (sample, group) (chosen by ``knob``) leaves every other group's output as it was."""
+    case = example.case()
+    inputs = _inputs(case, False)
+    sample, group = _target(case, example.knob)
+    changed = inputs["x"].copy()
+    view = _groupwise(case, changed)
+    view[sample, group] = _replaced(example, case, view[sample, group])
+    base = evaluate(backend, case, inputs, ctx)
+    moved = evaluate(backend, case, {**inputs, "x": changed}, ctx)
+    take = _other_groups(case, sample, group)
+    return relate("y", _only(moved, take), _only(base, take))
+
+
 def _against_oracle(result: Evaluation, output: str) -> Outcome:
     exact = dataclasses.replace(
         result,
@@ -322,6 +434,9 @@ def _select(result: Evaluation, rows: list[int], names: tuple[str, ...] = ("y",)
     return Evaluation(result.case, take(result.actual), take(result.expected), take(result.allowance))
 
 
+_GROUPED = ("group_norm", "instance_norm")
+
+
 @dataclass(frozen=True)
 class Property:
     """A property, the ops it holds for, and the ranges Hypothesis draws its example from."""
@@ -334,6 +449,13 @@ class Property:
     features: tuple[int, int] = (2, 48)
     relation: bool = True  # compares two backend runs (so bitwise agreement means something)
     weight: int = 1  # times the profile's example budget: batch invariance is only as good as its sample
+    groups: tuple[int, int] = (1, 1)  # GN/IN: groups per sample (InstanceNorm: channels)
+    width: tuple[int, int] = (1, 1)  # GroupNorm: channels per group
+
+    @property
+    def grouped(self) -> bool:
+        """Whether examples are GN/IN shapes, drawn with ``groups`` and ``width``."""
+        return bool(GROUP_OPS & set(self.ops))
 
 
 PROPERTIES: dict[str, Property] = {
@@ -360,6 +482,47 @@ PROPERTIES: dict[str, Property] = {
         Property("constant_rows", constant_rows, ("layer_norm",), relation=False),
         Property(
             "feature_size_one", feature_size_one, ("layer_norm", "rms_norm"), features=(1, 1), relation=False
+        ),
+        # InstanceNorm needs two spatial values per instance; a few channels per group are enough.
+        Property(
+            "group_shift_invariance",
+            group_shift_invariance,
+            _GROUPED,
+            knob=(-64, 64),
+            rows=(1, 3),
+            features=(2, 8),
+            groups=(1, 4),
+            width=(1, 3),
+        ),
+        Property(
+            "group_scale_invariance",
+            group_scale_invariance,
+            _GROUPED,
+            knob=(3, 10),
+            rows=(1, 3),
+            features=(2, 8),
+            groups=(1, 4),
+            width=(1, 3),
+        ),
+        Property(
+            "sample_independence",
+            sample_independence,
+            _GROUPED,
+            knob=(0, 7),
+            rows=(2, 4),
+            features=(2, 8),
+            groups=(1, 4),
+            width=(1, 3),
+        ),
+        Property(
+            "group_independence",
+            group_independence,
+            _GROUPED,
+            knob=(0, 15),
+            rows=(1, 3),
+            features=(2, 8),
+            groups=(2, 4),
+            width=(1, 3),
         ),
     )
 }

@@ -43,6 +43,8 @@ def strategy(prop: Property, caps: Capabilities) -> Any:
     """Examples for ``prop`` within what the backend declares (its ops and dtypes)."""
     from hypothesis import strategies as st
 
+    # Only GN/IN properties draw group shapes, so the other properties draw the examples they always did.
+    shape = {"groups": st.integers(*prop.groups), "width": st.integers(*prop.width)} if prop.grouped else {}
     return st.builds(
         Example,
         op=st.sampled_from([op for op in prop.ops if op in caps.ops]),
@@ -53,6 +55,7 @@ def strategy(prop: Property, caps: Capabilities) -> Any:
         eps=st.sampled_from(EPSILONS),
         knob=st.integers(*prop.knob),
         flag=st.booleans(),
+        **shape,
     )
 
 
