@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from normconf_fakes import Prepared
 
 import conformance
 from conformance.adapter.backend import FEATURES, Capabilities
@@ -20,23 +21,6 @@ from conformance.model.geometry import geometry
 
 F = np.ndarray
 Axes = tuple[int, ...]
-
-
-class GroupPrepared:
-    """Holds the case and inputs; every call recomputes from them, so repeated calls give the same bits."""
-
-    def __init__(self, fake: GroupFake, case: Case, inputs: dict[str, F], grad: bool) -> None:
-        self.fake, self.case, self.inputs, self.grad = fake, case, inputs, grad
-        self.result: dict[str, F] = {}
-
-    def __call__(self) -> None:
-        self.result = self.fake.compute(self.case, self.inputs, self.grad)
-
-    def synchronize(self) -> None:
-        pass
-
-    def outputs(self) -> dict[str, Any]:
-        return self.result
 
 
 @conformance.register("fake-group-numpy")
@@ -64,11 +48,11 @@ class GroupFake:
             device_name="numpy",
         )
 
-    def prepare(self, case: Case, inputs: dict[str, F], *, grad: bool) -> GroupPrepared:
-        return GroupPrepared(self, case, inputs, grad)
+    def prepare(self, case: Case, inputs: dict[str, F], *, grad: bool) -> Prepared:
+        return Prepared(self, case, inputs, grad)
 
-    def prepare_default_eps(self, case: Case, inputs: dict[str, F]) -> GroupPrepared:
-        return GroupPrepared(self, dataclasses.replace(case, eps=self.default_eps), inputs, False)
+    def prepare_default_eps(self, case: Case, inputs: dict[str, F]) -> Prepared:
+        return Prepared(self, dataclasses.replace(case, eps=self.default_eps), inputs, False)
 
     # ------------------------------------------------------------------ hooks the broken fakes override
     def work(self, case: Case) -> Any:
