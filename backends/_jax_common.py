@@ -1,12 +1,13 @@
-"""Shared plumbing of the JAX adapters (Flax linen; reusable by Keras on JAX): x64 mode, NumPy<->JAX
-copies (bfloat16 through ml_dtypes, which JAX uses natively), the device and its name, versions.
+"""Shared plumbing of the JAX adapters (Flax linen, Keras on JAX): x64 mode, NumPy<->JAX copies (bfloat16
+through ml_dtypes, which JAX uses natively), the device and its name, versions, the fused ops' residual
+sum, and the device buffers the aliasing check reads.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -86,6 +87,37 @@ def versions() -> dict[str, str]:
         "jax": jax.__version__,
         "jaxlib": metadata.version("jaxlib"),
         "jax_backend": jax.default_backend(),
+    }
+
+
+def residual_sum(
+    x: jax.Array, residual: jax.Array, stream: str, *, exact: bool
+) -> tuple[jax.Array, jax.Array]:
+    """(residual_out, what the norm reads) of h = x + residual, as a JAX user spells each convention.
+
+    Rounded: h in the stream's dtype (x upcast first under a float32 stream, which is JAX's own promotion
+    of bfloat16 + float32 spelled out), stored and normalized alike. Exact: the sum in at least float32,
+    normalized as it is, with only the stored copy rounded to the stream's dtype.
+    """
+    if not exact:
+        total = x.astype(jax_dtype(stream)) + residual
+        return total, total
+    wide = jax_dtype(promote(stream, "float32"))
+    total = x.astype(wide) + residual.astype(wide)
+    return total.astype(jax_dtype(stream)), total
+
+
+def buffers(inputs: Mapping[str, jax.Array], outputs: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """``Prepared.buffers()`` of a JAX adapter: (address, nbytes) of each named device array.
+
+    A name that is both an input and an output (BatchNorm training's running statistics: the prepared
+    statistics in, new arrays out) is left out, since one name can place only one buffer; the check
+    then reads that output from outputs() and the other buffers from here.
+    """
+    both = inputs.keys() & outputs.keys()
+    named = {**inputs, **outputs}
+    return {
+        name: (int(a.unsafe_buffer_pointer()), int(a.nbytes)) for name, a in named.items() if name not in both
     }
 
 

@@ -1,5 +1,6 @@
 """Keras on its JAX backend: the layer's ``stateless_call`` under jax.jit (as Keras' own JAX trainer
-runs it), gradients by jax.vjp over it, BatchNorm's updated statistics from its returned state.
+runs it), gradients by jax.vjp over it (the add ops: wrt x, residual and the variables, with the
+cotangents dy and dresidual_out), BatchNorm's updated statistics from its returned state.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import keras
 import numpy as np
 
 from backends import _jax_common as jc
@@ -27,7 +27,8 @@ _COMPILED = jc.Executables(CACHE_SIZE)
 def _structure(plan: Plan) -> str:
     """Everything the compiled step depends on besides values: the layer as built, shapes, dtypes."""
     fields = (plan.layer, sorted(plan.kwargs.items()), plan.policy, plan.shape, plan.dtype)
-    return repr((*fields, sorted(plan.variables), sorted(plan.grads.items()), plan.training, plan.residual))
+    residual = (plan.residual, plan.stream_dtype, plan.sum_dtype, sorted(plan.casts.items()))
+    return repr((*fields, sorted(plan.variables), sorted(plan.grads.items()), plan.training, residual))
 
 
 class Runner:
@@ -44,13 +45,12 @@ class Runner:
         # Every call passes the loaded statistics in: the stateless call never changes them, so each
         # call starts from the prepared state by construction.
         state = [v.value for v in layer.non_trainable_variables]
-        self._args = (
-            trainable,
-            state,
-            jc.to_jax(arrays["x"]),
-            jc.to_jax(arrays["residual"]) if plan.residual else None,
-            jc.to_jax(arrays["dy"]) if grad else None,
-        )
+        # x, and as the case has them residual, dy, dresidual_out (absent ones are None in the step).
+        self._inputs = {name: jc.to_jax(arrays[name]) for name in run.ARRAYS if name in arrays}
+        self._args = (trainable, state, *(self._inputs.get(name) for name in run.ARRAYS))
+        # The contract's parameter inputs, as the variable values the layer reads (for buffers()).
+        positions = {v.name: i for i, v in enumerate(layer.trainable_variables)}
+        self._inputs.update({run.PARAMS[out]: trainable[positions[name]] for out, name in plan.grads.items()})
         self._build_s = time.perf_counter() - start
         compiled, self._cached = _COMPILED.get(
             (_structure(plan), grad), lambda: jax.jit(_step(layer, plan)).lower(*self._args).compile()
@@ -73,7 +73,11 @@ class Runner:
     def outputs(self) -> Outputs:
         if not self._results:
             raise RuntimeError("outputs() was asked for before the first call of the prepared case")
-        return {name: jc.to_numpy(value) for name, value in self._results.items()}
+        return run.returned(self._plan, {name: jc.to_numpy(value) for name, value in self._results.items()})
+
+    def buffers(self) -> dict[str, tuple[int, int]]:
+        """The device buffers the executable reads and (after a call) writes, for the aliasing check."""
+        return jc.buffers(self._inputs, self._results)
 
     def info(self) -> run.Info:
         return {
@@ -88,30 +92,39 @@ class Runner:
 
 
 def _step(layer: Any, plan: Plan) -> Any:
-    """The function jit compiles: (trainable, state, x, residual, dy) -> the contract's outputs."""
+    """The function jit compiles: (trainable, state, x, residual, dy, dresidual_out) -> the outputs."""
     trainable_names = [v.name for v in layer.trainable_variables]
     state_names = [v.name for v in layer.non_trainable_variables]
     grads = {out: trainable_names.index(name) for out, name in plan.grads.items()}
     kwargs = run.call_kwargs(plan)
 
-    def forward(trainable: Any, state: Any, x: Any, residual: Any) -> tuple[Any, tuple[Any, Any]]:
-        # add_rms_norm: x + residual in the activation dtype, then the layer.
-        h = x if residual is None else keras.ops.add(x, residual)
-        y, new_state = layer.stateless_call(trainable, state, h, **kwargs)
-        return y, (h, new_state)
+    def forward(trainable: Any, state: Any, x: Any, residual: Any) -> tuple[tuple[Any, ...], Any]:
+        """((y,) or (y, residual_out), the layer's new state)."""
+        if residual is None:
+            y, new_state = layer.stateless_call(trainable, state, x, **kwargs)
+            return (y,), new_state
+        stored, read = run.residual_sum(plan, x, residual)
+        y, new_state = layer.stateless_call(trainable, state, read, **kwargs)
+        return (run.activation(plan, y), stored), new_state
 
-    def step(trainable: Any, state: Any, x: Any, residual: Any, dy: Any) -> dict[str, Any]:
+    def step(
+        trainable: Any, state: Any, x: Any, residual: Any, dy: Any, dresidual_out: Any
+    ) -> dict[str, Any]:
         if dy is None:
-            y, (h, new_state) = forward(trainable, state, x, residual)
-            out = {"y": y}
+            primal, new_state = forward(trainable, state, x, residual)
+            out = dict(zip(("y", "residual_out"), primal, strict=False))
         else:
-            y, vjp, (h, new_state) = jax.vjp(
-                lambda x_, t_: forward(t_, state, x_, residual), x, trainable, has_aux=True
+            # residual None (no add) is an empty pytree: its cotangent comes back None.
+            primal, vjp, new_state = jax.vjp(
+                lambda x_, t_, r_: forward(t_, state, x_, r_), x, trainable, residual, has_aux=True
             )
-            dx, dtrainable = vjp(dy)
-            out = {"y": y, "dx": dx, **{name: dtrainable[i] for name, i in grads.items()}}
-        if residual is not None:
-            out["residual_out"] = h
+            dx, dtrainable, dresidual = vjp((dy,) if residual is None else (dy, dresidual_out))
+            out = {
+                **dict(zip(("y", "residual_out"), primal, strict=False)),
+                "dx": dx,
+                **({} if dresidual is None else {"dresidual": dresidual}),
+                **{name: dtrainable[i] for name, i in grads.items()},
+            }
         if plan.training:
             out.update({o: new_state[state_names.index(name)] for o, name in run.STATS.items()})
         return out

@@ -12,10 +12,11 @@ import numpy as np
 
 from backends._translate import offset_scale, old_value_momentum
 from conformance.adapter.backend import Inputs, Unsupported
-from conformance.model.case import CHANNEL_OPS, Case
-from conformance.model.dtypes import round_to
+from conformance.model.case import ADD_OPS, CHANNEL_OPS, Case
+from conformance.model.dtypes import round_to, stats_dtype
 
-# The Keras layer of each op; add_rms_norm is x + residual (in the activation dtype), then RMSNormalization.
+# The Keras layer of each op; the add ops are h = x + residual (in the residual stream's dtype), then the
+# layer on h, as a pre-norm block is written with keras.ops (backends/_keras_run.residual_sum).
 # Keras 3 has no InstanceNormalization: GroupNormalization(groups=-1) is its documented spelling (one
 # group per channel), with statistics of each instance only (no running statistics).
 LAYERS: dict[str, str] = {
@@ -23,9 +24,13 @@ LAYERS: dict[str, str] = {
     "rms_norm": "RMSNormalization",
     "batch_norm": "BatchNormalization",
     "add_rms_norm": "RMSNormalization",
+    "add_layer_norm": "LayerNormalization",
     "group_norm": "GroupNormalization",
     "instance_norm": "GroupNormalization",
 }
+# The add ops' layers that cast their floating inputs to the policy's compute dtype (Keras' default
+# autocast; LayerNormalization opts out with self.autocast = False). Checked against Keras in tests.
+AUTOCASTS = frozenset({"RMSNormalization"})
 # Layers with separate center (beta) and scale (gamma) switches; RMSNormalization has a scale only.
 AFFINE_SWITCHES = frozenset({"LayerNormalization", "BatchNormalization", "GroupNormalization"})
 # GroupNormalization's ``groups`` for InstanceNorm: -1 makes it the channel count at build time.
@@ -53,7 +58,10 @@ class Plan:
 
     ``variables`` maps each Keras variable name of the built layer (gamma, beta, scale, moving_mean,
     moving_variance) to its value in the variable dtype; ``grads`` maps a contract output (dweight,
-    dbias) to the variable it is the gradient of.
+    dbias) to the variable it is the gradient of. The add ops (``residual``) compute h = x + residual
+    in ``sum_dtype``, store it as residual_out in ``stream_dtype`` and normalize the ``sum_dtype`` h;
+    ``casts`` maps outputs to the dtype they are returned in where the layer's policy differs from
+    the case's dtypes (a norm of a float32 sum: y to the activation dtype, gradients to the parameters').
     """
 
     case_id: str
@@ -67,6 +75,9 @@ class Plan:
     grads: Mapping[str, str] = field(default_factory=dict)
     training: bool | None = None
     residual: bool = False
+    stream_dtype: str = ""
+    sum_dtype: str = ""
+    casts: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def variable_dtype(self) -> str:
@@ -88,6 +99,36 @@ def policy_name(case: Case) -> str:
             f"{case.weight_dtype} (policies: one dtype for both, or {', '.join(MIXED_POLICIES.values())})"
         )
     return name
+
+
+def sum_dtype(case: Case) -> str:
+    """The dtype the add ops' sum is computed in and normalized: the stream's, or for an exact sum at
+    least float32 (the unrounded sum of two half-precision values is exact there)."""
+    return stats_dtype(case.stream_dtype) if case.norm_input == "exact" else case.stream_dtype
+
+
+def norm_policy(case: Case) -> str:
+    """The policy of the norm layer: the case's, except where a layer that autocasts must read a float32
+    sum of half-precision activations (residual in float32, or an exact sum).
+
+    Keras casts a layer's floating inputs to its compute dtype unless the layer opts out (Layer.__call__
+    -> DTypePolicy.convert_input): LayerNormalization sets ``autocast = False`` and normalizes a float32
+    input in float32, rounding only y to the compute dtype, so the case's policy already reads the
+    float32 sum; RMSNormalization autocasts, so under a bfloat16/float16 policy it would normalize the
+    sum rounded to the activation dtype. It runs under the sum's policy instead (Keras' mixed-precision
+    idiom for a sensitive layer), y cast to the activation dtype after it, the parameters held exactly
+    (checked) in float32 variables.
+    """
+    if case.op in ADD_OPS and LAYERS[case.op] in AUTOCASTS and sum_dtype(case) != case.dtype:
+        return sum_dtype(case)
+    return policy_name(case)
+
+
+def _casts(case: Case, policy: str) -> dict[str, str]:
+    """Outputs returned in another dtype than the policy computes them in (see norm_policy)."""
+    if policy == policy_name(case):
+        return {}
+    return {"y": case.dtype, "dweight": case.weight_dtype, "dbias": case.weight_dtype}
 
 
 def keras_momentum(momentum: float | None) -> float:
@@ -151,8 +192,16 @@ def _variables(
     if case.op == "batch_norm":
         values["moving_mean"] = inputs["running_mean"]
         values["moving_variance"] = inputs["running_var"]
-    # Every value is exact in the variable dtype (it is the parameter dtype or wider): no rounding.
     held = {name: round_to(np.asarray(v, dtype=np.float64), variable_dtype) for name, v in values.items()}
+    # The variable dtype is the parameter dtype or, for a norm of a float32 sum, float32: each value must
+    # be exact in it (float64 parameters are not).
+    for name, value in values.items():
+        exact = held[name].astype(np.float64)
+        if not np.array_equal(exact, np.asarray(value, dtype=np.float64), equal_nan=True):
+            raise Unsupported(
+                f"the {name} values of {case.weight_dtype} are not exact in {variable_dtype}, the dtype of "
+                f"the {LAYERS[case.op]} variables (policy {variable_dtype})"
+            )
     return held, grads
 
 
@@ -196,9 +245,10 @@ def plan(case: Case, inputs: Inputs, momentum: float | None, *, default_eps: boo
     Gemma offset, InstanceNorm's running statistics, a torch memory layout).
     """
     refuse(case)
-    policy = policy_name(case)
+    policy = norm_policy(case)
     values, grads = _variables(case, inputs, _variable_dtype(policy))
     training = case.training if case.op == "batch_norm" else None
+    residual = case.op in ADD_OPS
     return Plan(
         case_id=case.id,
         op=case.op,
@@ -210,5 +260,8 @@ def plan(case: Case, inputs: Inputs, momentum: float | None, *, default_eps: boo
         variables=values,
         grads=grads,
         training=training,
-        residual=case.op == "add_rms_norm",
+        residual=residual,
+        stream_dtype=case.stream_dtype if residual else "",
+        sum_dtype=sum_dtype(case) if residual else "",
+        casts=_casts(case, policy),
     )

@@ -15,10 +15,16 @@ import numpy as np
 
 from backends._keras_plan import Plan
 from conformance.adapter.backend import Outputs, Unsupported
+from conformance.model.dtypes import numpy_dtype
 
 Info = dict[str, str | int | float | bool]
 # Contract outputs of BatchNormalization's training update <- the Keras variables they are.
 STATS: dict[str, str] = {"running_mean": "moving_mean", "running_var": "moving_variance"}
+# The arrays a runner gets besides the plan's variables, in the order its step takes them (those a case
+# lacks are None): x, the add ops' residual, and with gradients dy and the add ops' dresidual_out.
+ARRAYS = ("x", "residual", "dy", "dresidual_out")
+# The contract's input name of each differentiated variable, by the output that is its gradient.
+PARAMS: dict[str, str] = {"dweight": "weight", "dbias": "bias"}
 # The module that runs a built layer on each Keras backend.
 RUNNERS: dict[str, str] = {"torch": "backends._keras_torch", "jax": "backends._keras_jax"}
 
@@ -83,6 +89,25 @@ def info(plan: Plan) -> Info:
         "variable_dtype": plan.variable_dtype,
         "layer": describe(plan),
     }
+
+
+def residual_sum(plan: Plan, x: Any, residual: Any) -> tuple[Any, Any]:
+    """(residual_out, what the layer reads) of the add ops' h = x + residual, written with keras.ops as
+    a pre-norm block is: the sum in the plan's sum dtype (x cast up first under a float32 stream; both
+    cast up for an exact sum), stored in the stream's dtype (a no-op unless the sum is exact)."""
+    total = keras.ops.add(keras.ops.cast(x, plan.sum_dtype), keras.ops.cast(residual, plan.sum_dtype))
+    return keras.ops.cast(total, plan.stream_dtype), total
+
+
+def activation(plan: Plan, y: Any) -> Any:
+    """y in the activation dtype: a norm layer under a float32 policy (Plan.casts) returns float32."""
+    return keras.ops.cast(y, plan.casts["y"]) if "y" in plan.casts else y
+
+
+def returned(plan: Plan, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Host outputs in the dtypes the case asks for where the layer's policy computes others
+    (Plan.casts: the gradients of parameters held in float32 variables, rounded once)."""
+    return {k: v.astype(numpy_dtype(plan.casts[k])) if k in plan.casts else v for k, v in outputs.items()}
 
 
 def call_kwargs(plan: Plan) -> dict[str, bool]:

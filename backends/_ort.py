@@ -46,11 +46,14 @@ def provider() -> str:
     return "CUDAExecutionProvider" if "CUDAExecutionProvider" in available else "CPUExecutionProvider"
 
 
-def capabilities(features: frozenset[str], notes: Mapping[str, str]) -> Capabilities:
-    """What an ORT adapter declares: every op and dtype (kernels are found per case), no backward."""
+def capabilities(
+    features: frozenset[str], notes: Mapping[str, str], *, ops: frozenset[str] = OPS
+) -> Capabilities:
+    """What an ORT adapter declares: ``ops`` (OPS unless given), every dtype (kernels are found per case),
+    no backward."""
     cuda = provider() == "CUDAExecutionProvider"
     return Capabilities(
-        ops=OPS,
+        ops=ops,
         dtypes=frozenset(DTYPES),
         features=features,
         device="cuda" if cuda else "cpu",
@@ -213,6 +216,22 @@ class OrtPrepared:
 
     def info(self) -> dict[str, str | int | float | bool]:
         return dict(self._info)
+
+    def host_buffers(self) -> dict[str, np.ndarray]:
+        """The host memory the session reads and writes: each feed's copy by graph input name, each
+        output's bound buffer by contract name (the evidence an adapter's ``buffers()`` reports)."""
+        return {**self._feeds, **{b.output: self._buffers[b.output] for b in self._bound}}
+
+
+class ReportedOrtPrepared(OrtPrepared):
+    """OrtPrepared that reports its buffers to the aliasing check; for graphs whose input names are the
+    contract's (x, residual, weight, bias, ...)."""
+
+    def buffers(self) -> dict[str, np.ndarray]:
+        # A name that is an input and an output (BatchNorm's running_mean) is two buffers here, one name
+        # in the contract: left out, so neither is taken for the other.
+        both = set(self._feeds) & {b.output for b in self._bound}
+        return {name: value for name, value in self.host_buffers().items() if name not in both}
 
 
 def session_info(sess: ort.InferenceSession) -> dict[str, str | int | float | bool]:

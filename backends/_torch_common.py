@@ -1,4 +1,5 @@
-"""Shared plumbing of the PyTorch adapters: device, NumPy<->torch copies, running-stat resets, Prepared.
+"""Shared plumbing of the PyTorch adapters: device, NumPy<->torch copies, running-stat resets, the add
+ops' residual stream, Prepared.
 
 Each adapter only says how to build the forward computation of a case; everything else lives here.
 """
@@ -20,7 +21,9 @@ from conformance.adapter.backend import Capabilities, Inputs, Outputs, Unsupport
 from conformance.model.case import GROUP_OPS, Case
 from conformance.model.dtypes import DTYPES
 
-OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"})
+OPS = frozenset(
+    {"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "add_layer_norm", "group_norm", "instance_norm"}
+)
 Forward = Callable[[], torch.Tensor]
 Build = Callable[[Case, "Tensors"], "TorchPrepared"]
 # What torch.nn and torch.nn.functional adapters declare beyond the feature names.
@@ -31,7 +34,29 @@ LIBRARY_NOTES = {
     "weight_offset": "translated: torch gets the weight offset + w, held exactly in float32 or float64",
     "channels_last": "prepare() lays x (and dy) out with .contiguous(memory_format=torch.channels_last or"
     " channels_last_3d); info() memory_format names the format the tensors handed over are in",
+    "residual_dtype": "the residual arrives in its stream dtype; x + residual is formed with torch's type"
+    " promotion and stored in the stream dtype as residual_out; y is cast to the activation dtype",
+    "exact_sum": "the norm reads x.float() + residual.float() (float64 stays float64); residual_out is that"
+    " sum rounded to the stream dtype. Where the norm so reads float32 beside half parameters, the"
+    " parameters are widened to float32 (exact; torch's LayerNorm takes float32 input only with float32"
+    " parameters) and their gradients reported in the parameter dtype",
 }
+# Memory the torch adapters share by design (Capabilities.aliases; the aliasing check judges the rest).
+ALIASES = {
+    # torch.autograd.grad returns one tensor for x and residual: h = x + residual's AddBackward hands its
+    # incoming gradient dL/dh to both inputs unchanged, as it does inside any model's backward, where
+    # the two branches receive the same tensor too. .backward() into .grad would add an AccumulateGrad
+    # copy that only leaf tensors pay; activations are never leaves, so the suite is shown torch's own.
+    "dresidual": "dx",
+    # BatchNorm / InstanceNorm training updates the running statistics in place, in the buffers it reads
+    # them from (reset from the prepared values at the start of every call, so calls repeat bit for bit).
+    "running_mean": "running_mean",
+    "running_var": "running_var",
+}
+ALIAS_NOTE = (
+    "dresidual is dx's tensor: torch.autograd.grad passes AddBackward's one gradient of h = x + residual to"
+    " both inputs; running_mean/running_var are updated in the buffers they are read from"
+)
 # torch's channels-last memory format for each rank that has one (Case allows the layout only there).
 CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
 _FORMAT_NAMES = {torch.channels_last: "channels_last", torch.channels_last_3d: "channels_last_3d"}
@@ -55,7 +80,8 @@ def capabilities(features: frozenset[str], notes: Mapping[str, str] | None = Non
         features=features,
         device=dev.type,
         device_name=device_name(dev),
-        notes={"torch": torch.__version__, **(notes or {})},
+        notes={"torch": torch.__version__, "aliases": ALIAS_NOTE, **(notes or {})},
+        aliases=ALIASES,
     )
 
 
@@ -143,16 +169,45 @@ def momentum_factor(momentum: float | None, num_batches_tracked: torch.Tensor) -
 
 
 class Residual:
-    """add_rms_norm's residual stream: ``add(x)`` forms x + residual in the activation dtype (the
-    composed op's first half) and keeps it as residual_out, so the sum is computed once per call."""
+    """The add ops' residual stream: ``add(x)`` forms h = x + residual as the case's convention asks
+    (the composed op's first half), keeps h stored in the stream dtype as residual_out, and returns
+    what the norm reads, so the sum is formed once per call inside autograd.
 
-    def __init__(self, residual: torch.Tensor) -> None:
+    ``stream`` is the stored dtype (the activation dtype, or float32 for "residual in fp32");
+    ``exact``: the norm reads the sum in float32 (or float64) rather than the stored value.
+    """
+
+    def __init__(self, residual: torch.Tensor, stream: torch.dtype, *, exact: bool) -> None:
         self.residual = residual
+        self.stream = stream
+        self.exact = exact
         self.last: torch.Tensor | None = None
 
     def add(self, x: torch.Tensor) -> torch.Tensor:
-        self.last = x + self.residual
+        if self.exact:
+            wide = norm_dtype(x.dtype, self.stream, exact=True)
+            total = x.to(wide) + self.residual.to(wide)
+            # The stored copy is the rounded float32 sum, so dresidual_out joins the norm's gradient
+            # in float32 and dx / dresidual are each rounded once, as a fused kernel's are.
+            self.last = total.to(self.stream)
+            return total
+        # torch's promotion forms the sum in the wider of the two dtypes; .to() is a no-op unless the
+        # stream is narrower than x (a float32 stream beside float64 activations).
+        self.last = (x + self.residual).to(self.stream)
         return self.last
+
+    def like(self, x: torch.Tensor) -> Residual:
+        """A zero residual of the same dtype, stream and convention, shaped like ``x`` (probes)."""
+        zeros = torch.zeros_like(x, dtype=self.residual.dtype).requires_grad_(self.residual.requires_grad)
+        return Residual(zeros, self.stream, exact=self.exact)
+
+
+def norm_dtype(activation: torch.dtype, stream: torch.dtype, *, exact: bool) -> torch.dtype:
+    """The dtype of what an add op's norm reads: the stored sum's (the stream dtype), or for the exact
+    sum float32 or wider (float64 activations or stream stay float64)."""
+    if not exact:
+        return stream
+    return torch.promote_types(torch.promote_types(activation, stream), torch.float32)
 
 
 @dataclass(frozen=True)
@@ -166,10 +221,27 @@ class Tensors:
     running_var: torch.Tensor | None
     dy: torch.Tensor | None
     residual: Residual | None = None
+    dresidual_out: torch.Tensor | None = None  # the add ops' cotangent of residual_out, with dy
 
     def input(self) -> torch.Tensor:
-        """What the normalization reads: x, or x + residual for add_rms_norm (inside autograd)."""
+        """What the normalization reads: x, or for the add ops the sum of x and the residual their
+        convention asks for (inside autograd)."""
         return self.x if self.residual is None else self.residual.add(self.x)
+
+    def given(self) -> dict[str, torch.Tensor]:
+        """The inputs as loaded, by contract name (what buffers() reports unless an adapter computes
+        with its own copy, a module's parameter)."""
+        named = {
+            "x": self.x,
+            "residual": None if self.residual is None else self.residual.residual,
+            "weight": self.weight,
+            "bias": self.bias,
+            "running_mean": self.running_mean,
+            "running_var": self.running_var,
+            "dy": self.dy,
+            "dresidual_out": self.dresidual_out,
+        }
+        return {name: tensor for name, tensor in named.items() if tensor is not None}
 
     def mixed(self) -> bool:
         """Whether any parameter's dtype differs from the activations'."""
@@ -190,7 +262,9 @@ class Tensors:
         fmt = memory_format(case)
         x = torch.zeros(shape, dtype=self.x.dtype, device=self.x.device).contiguous(memory_format=fmt)
         dy = None if self.dy is None else torch.zeros_like(x, dtype=self.dy.dtype)
-        residual = None if self.residual is None else Residual(torch.zeros_like(x))
+        residual = None if self.residual is None else self.residual.like(x)
+        cotangent = self.dresidual_out
+        dresidual_out = None if cotangent is None else torch.zeros_like(x, dtype=cotangent.dtype)
         return replace(
             self,
             x=x.requires_grad_(self.x.requires_grad),
@@ -200,6 +274,7 @@ class Tensors:
             running_var=_clone(self.running_var),
             dy=dy,
             residual=residual,
+            dresidual_out=dresidual_out,
         )
 
 
@@ -250,6 +325,12 @@ def load(case: Case, inputs: Inputs, *, grad: bool, weight: np.ndarray | None = 
         return to_torch(value, dev).requires_grad_(leaf and grad)
 
     dy = get("dy") if grad else None
+    residual = None
+    if "residual" in inputs:
+        # The residual is differentiated as x is (dresidual), in the stream dtype it arrives in.
+        stream = torch_dtype(case.stream_dtype)
+        value = to_torch(inputs["residual"], dev).requires_grad_(grad)
+        residual = Residual(value, stream, exact=case.norm_input == "exact")
     return Tensors(
         # Converted before requires_grad_, so x stays the leaf autograd differentiates (a no-op when
         # contiguous); a channels-last dy keeps the backward kernels on the same layout.
@@ -259,7 +340,8 @@ def load(case: Case, inputs: Inputs, *, grad: bool, weight: np.ndarray | None = 
         running_mean=get("running_mean"),
         running_var=get("running_var"),
         dy=None if dy is None else dy.contiguous(memory_format=fmt),
-        residual=Residual(to_torch(inputs["residual"], dev)) if "residual" in inputs else None,
+        residual=residual,
+        dresidual_out=get("dresidual_out") if grad else None,
     )
 
 
@@ -303,6 +385,11 @@ class RunningStats:
         mean, var, _ = self._live
         return {"running_mean": to_numpy(mean), "running_var": to_numpy(var)}
 
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The statistics' live buffers: the inputs a training call reads and the outputs it writes."""
+        mean, var, _ = self._live
+        return {"running_mean": mean, "running_var": var}
+
 
 @dataclass(frozen=True)
 class Quiet:
@@ -313,7 +400,13 @@ class Quiet:
 
 
 class TorchPrepared:
-    """One case ready to run: ``forward`` builds y; with ``dy``, autograd.grad gives the ``wrt`` grads."""
+    """One case ready to run: ``forward`` builds y; with ``dy``, autograd.grad gives the ``wrt`` grads
+    (and for the add ops dresidual, through both outputs: dy on y, dresidual_out on residual_out).
+
+    ``computed_with`` names the tensors the forward reads where they are not the loaded inputs (a
+    module's own parameters and running-statistics buffers): buffers() reports them. ``cast_y``: the
+    add ops' y is cast to the activation dtype (see _y); False keeps the dtype the forward returns.
+    """
 
     def __init__(
         self,
@@ -324,15 +417,22 @@ class TorchPrepared:
         stats: RunningStats | None = None,
         out_dtypes: Mapping[str, torch.dtype] | None = None,
         quiet: Quiet | None = None,
+        computed_with: Mapping[str, torch.Tensor | None] | None = None,
+        cast_y: bool = True,
     ) -> None:
         self._forward = forward
         self._dy = tensors.dy
-        self._wrt = dict(wrt) if tensors.dy is not None else {}
+        self._dresidual_out = tensors.dresidual_out
+        self._activation = tensors.x.dtype if cast_y else None
+        self._residual = tensors.residual
+        self._wrt = _with_residual(wrt, tensors) if tensors.dy is not None else {}
         self._stats = stats
         self._out_dtypes = dict(out_dtypes or {})
         self._quiet = quiet
         self._device = tensors.x.device
-        self._residual = tensors.residual
+        given = tensors.given()
+        mine = {k: v for k, v in (computed_with or {}).items() if k in given and v is not None}
+        self._inputs = {**given, **mine}
         self._results: dict[str, torch.Tensor] = {}
         # What an adapter adds to info() about this case (a class name, a translation it made).
         self.described: dict[str, str | int | float | bool] = {}
@@ -350,17 +450,33 @@ class TorchPrepared:
     def _run(self) -> dict[str, torch.Tensor]:
         if self._dy is None:
             with torch.no_grad():
-                return {"y": self._forward(), **self._residual_out()}
+                return {"y": self._y(), **self._residual_out()}
         with torch.enable_grad():
-            y = self._forward()
+            y = self._y()
+            stored = self._residual_out()
+            outputs, cotangents = [y], [self._dy]
+            if stored and self._dresidual_out is not None:
+                # The next layer reads residual_out too: its cotangent joins dy's at h.
+                outputs.append(stored["residual_out"])
+                cotangents.append(self._dresidual_out)
             # autograd.grad returns fresh gradients: nothing accumulates into .grad across calls.
-            grads = torch.autograd.grad(y, list(self._wrt.values()), grad_outputs=self._dy)
-        return {"y": y.detach(), **self._residual_out(), **dict(zip(self._wrt, grads, strict=True))}
+            grads = torch.autograd.grad(outputs, list(self._wrt.values()), grad_outputs=cotangents)
+        kept = {name: value.detach() for name, value in stored.items()}
+        return {"y": y.detach(), **kept, **dict(zip(self._wrt, grads, strict=True))}
+
+    def _y(self) -> torch.Tensor:
+        y = self._forward()
+        if self._residual is None or self._activation is None:
+            return y
+        # The add ops return y in the activation dtype (it is the next layer's input): where the
+        # composition computes in float32 (a float32 stream or sum, or float32 parameters promoting
+        # y), this cast is the one rounding a fused kernel makes when it stores y. A no-op otherwise.
+        return y.to(self._activation)
 
     def _residual_out(self) -> dict[str, torch.Tensor]:
         if self._residual is None or self._residual.last is None:
             return {}
-        return {"residual_out": self._residual.last.detach()}
+        return {"residual_out": self._residual.last}
 
     def synchronize(self) -> None:
         synchronize(self._device)
@@ -369,6 +485,13 @@ class TorchPrepared:
         """The intra-op thread count the calls ran with (the benchmarks check it against theirs), and what
         the adapter described."""
         return {"threads": torch.get_num_threads(), **self.described}
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The aliasing check's evidence: the inputs as the tensors the computation reads, the outputs as
+        the tensors the last call produced (running statistics: the buffers updated in place)."""
+        produced = {name: value.detach() for name, value in self._results.items()}
+        live = self._stats.buffers() if self._stats is not None else {}
+        return {**self._inputs, **produced, **live}
 
     def outputs(self) -> Outputs:
         if not self._results:
@@ -381,6 +504,13 @@ class TorchPrepared:
     def _cast(self, name: str, value: torch.Tensor) -> torch.Tensor:
         dtype = self._out_dtypes.get(name)
         return value if dtype is None else value.to(dtype)
+
+
+def _with_residual(wrt: Mapping[str, torch.Tensor], tensors: Tensors) -> dict[str, torch.Tensor]:
+    """The gradient targets, plus the residual (dresidual) for the add ops."""
+    if tensors.residual is None:
+        return dict(wrt)
+    return {**wrt, "dresidual": tensors.residual.residual}
 
 
 # torch.rms_norm warns when weight and input dtypes differ and takes its composite path, which upcasts
@@ -399,22 +529,59 @@ def library_prepared(
     bias: torch.Tensor | None,
     *,
     stats: RunningStats | None = None,
+    module: torch.nn.Module | None = None,
+    cast_y: bool = True,
 ) -> TorchPrepared:
-    """The Prepared of a library call (torch.nn, torch.nn.functional) on ``tensors``."""
+    """The Prepared of a library call (torch.nn, torch.nn.functional) on ``tensors``; ``module`` is the
+    torch.nn module the call runs, whose own parameters and buffers are what it computes with;
+    ``cast_y`` as TorchPrepared's."""
     params = torch_dtype(case.weight_dtype)
-    # A translated weight (offset_scale) may be wider than the param dtype; its gradient is reported
-    # in the param dtype, as torch would give it for a weight of that dtype.
-    widened = weight is not None and weight.dtype != params
+    # A translated weight (offset_scale) or parameters widened by norm_params may be wider than the param
+    # dtype; their gradients are reported in the param dtype, as torch would give them for that dtype.
+    # (A module's own bias is left alone: nemotron's is held in its translated weight's dtype.)
+    held = {"dweight": weight, "dbias": tensors.bias}
+    widened = {grad: params for grad, p in held.items() if p is not None and p.dtype != params}
     prepared = TorchPrepared(
         forward,
         tensors,
         gradient_targets(case, tensors.x, weight, bias),
         stats=stats,
-        out_dtypes={"dweight": params} if widened else None,
+        out_dtypes=widened,
         quiet=MIXED_RMS if case.op in ("rms_norm", "add_rms_norm") and tensors.mixed() else None,
+        computed_with={**module_tensors(module), "weight": weight, "bias": bias},
+        cast_y=cast_y,
     )
     prepared.described.update(layout_info(case, tensors))
     return prepared
+
+
+def module_tensors(module: torch.nn.Module | None) -> dict[str, torch.Tensor | None]:
+    """A module's parameters and running-statistics buffers by contract name (None where it has none)."""
+    if module is None:
+        return {}
+    names = ("weight", "bias", "running_mean", "running_var")
+    found = {name: getattr(module, name, None) for name in names}
+    return {name: value if isinstance(value, torch.Tensor) else None for name, value in found.items()}
+
+
+def norm_params(tensors: Tensors) -> Tensors:
+    """The add ops' parameters in the dtype their norm reads, where that is wider than the activations
+    (a float32 stream or exact sum beside half parameters): torch's LayerNorm takes float32 input only
+    with float32 parameters. The widening is exact; library_prepared reports the gradients in the
+    parameter dtype."""
+    residual = tensors.residual
+    if residual is None:
+        return tensors
+    reads = norm_dtype(tensors.x.dtype, residual.stream, exact=residual.exact)
+    if reads == tensors.x.dtype:
+        return tensors
+    return replace(tensors, weight=_widened(tensors.weight, reads), bias=_widened(tensors.bias, reads))
+
+
+def _widened(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    if tensor is None or torch.promote_types(tensor.dtype, dtype) == tensor.dtype:
+        return tensor
+    return tensor.detach().to(dtype).requires_grad_(tensor.requires_grad)
 
 
 def first_step_momentum(momentum: float | None) -> float:
@@ -427,12 +594,13 @@ def first_step_momentum(momentum: float | None) -> float:
 def prepare_library(
     build: Build, case: Case, inputs: Inputs, *, grad: bool, weightless: bool = False
 ) -> TorchPrepared:
-    """Load (translating Gemma's offset into the weight), check torch accepts the dtypes (and with
-    ``weightless`` a bias without a weight; see probe), build."""
+    """Load (translating Gemma's offset into the weight, widening the parameters to what an add op's
+    norm reads), check torch accepts the dtypes (and with ``weightless`` a bias without a weight; see
+    probe), build."""
     weight = None
     if case.weight_offset:
         weight = offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype)
-    tensors = load(case, inputs, grad=grad, weight=weight)
+    tensors = norm_params(load(case, inputs, grad=grad, weight=weight))
     probe(build, case, tensors, weightless=weightless)
     return build(case, tensors)
 

@@ -1,10 +1,10 @@
-"""flax: Flax linen LayerNorm, RMSNorm, BatchNorm, GroupNorm and InstanceNorm under jax.jit, gradients
-through jax.vjp.
+"""flax: Flax linen LayerNorm, RMSNorm, BatchNorm, GroupNorm and InstanceNorm (and the fused residual add
+in front of LayerNorm / RMSNorm) under jax.jit, gradients through jax.vjp.
 
-Each case is one jitted function of (params, batch_stats, x, residual, dy), lowered and compiled in
-prepare() (timed there and reported by info()); __call__ runs the compiled executable and blocks.
-Conventions Flax lacks are translated exactly where a translation exists: PyTorch's momentum m is
-Flax's 1 - m, Gemma's offset becomes the scale ``offset + w``, GroupNorm's channels-first x is
+Each case is one jitted function of (params, batch_stats, x, residual, dy, dresidual_out), lowered and
+compiled in prepare() (timed there and reported by info()); __call__ runs the compiled executable and
+blocks. Conventions Flax lacks are translated exactly where a translation exists: PyTorch's momentum m
+is Flax's 1 - m, Gemma's offset becomes the scale ``offset + w``, GroupNorm's channels-first x is
 transposed to Flax's channels-last and back. Flax's defaults are kept otherwise
 (``use_fast_variance=True``: one-pass E[x^2] - E[x]^2 statistics), so the suite sees what users get.
 """
@@ -28,7 +28,9 @@ from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Outputs,
 from conformance.model.case import Case
 from conformance.model.dtypes import DTYPES
 
-OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"})
+OPS = frozenset(
+    {"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "add_layer_norm", "group_norm", "instance_norm"}
+)
 # Not declared: linen.InstanceNorm keeps no running statistics (it has no batch_stats collection), and
 # channels_last is a torch memory format; a JAX array has no memory layout an adapter could choose.
 UNDECLARED = frozenset({"momentum_none", "running_stats", "channels_last"})
@@ -51,8 +53,21 @@ NOTES = {
     " momentum=None (cumulative average) has no Flax equivalent and is not declared",
     "running_var": "Flax updates the running variance with the biased batch variance (PyTorch: unbiased);"
     " not translatable inside the module, reported as a deviation",
-    "add_rms_norm": "x + residual in the activation dtype, then linen.RMSNorm; XLA's default"
-    " allow_excess_precision may skip the rounding of the sum inside the jitted graph (a deviation)",
+    "add_rms_norm": "h = x + residual in the residual stream's dtype, then linen.RMSNorm(h) (add_layer_norm:"
+    " linen.LayerNorm(h)), as a pre-norm block is written in Flax; XLA's default allow_excess_precision"
+    " may skip the rounding of a bfloat16 sum inside the jitted graph (a deviation: see the fingerprint)",
+    "residual_dtype": "residual in float32: h = x.astype(float32) + residual (JAX's promotion, spelled out)"
+    " is residual_out; the module keeps dtype=the activation dtype, and Flax normalizes a float32 input in"
+    " float32 and rounds only y to that dtype (dtype is the result's dtype, not the input's), so the norm"
+    " reads the float32 h",
+    "exact_sum": "norm_input exact: h32 = x.astype(w) + residual.astype(w), w = at least float32; the norm"
+    " reads h32 (computed in float32, y rounded to the module's dtype) and residual_out is h32 rounded to"
+    " the stream's dtype",
+    "backward": "jax.vjp wrt x, the params and (add ops) residual, with the cotangents dy and (add ops)"
+    " dresidual_out: dx and dresidual are both dL/dh, each in its input's dtype",
+    "buffers": "buffers() reports the device buffers (unsafe_buffer_pointer, nbytes) of the prepared inputs"
+    " and of the last call's outputs; every output is its own buffer (no donation; XLA copies an output"
+    " returned twice), and JAX arrays are immutable, so no input is written",
     "threads": "XLA's CPU client sizes its own thread pool to the machine; --bench-threads does not apply",
     "group_norm": "linen.GroupNorm(num_groups=G) takes channels last: x (N, C, spatial...) is transposed"
     " to (N, spatial..., C) before it and y back after it (exact: values move, none is computed);"
@@ -82,6 +97,8 @@ class Spec:
     grad: bool
     num_groups: int | None  # GroupNorm's G; None for other ops
     transposed: bool  # x moved to (N, spatial..., C) for the module and y moved back (GroupNorm)
+    stream_dtype: str  # add ops: the residual stream's dtype (residual, residual_out, dresidual)
+    exact_sum: bool  # add ops: the norm reads the unrounded (at least float32) sum, not residual_out
 
     @classmethod
     def of(
@@ -109,6 +126,8 @@ class Spec:
             grad,
             case.num_groups,
             transposed,
+            case.stream_dtype,
+            case.norm_input == "exact",
         )
 
     @property
@@ -191,61 +210,73 @@ MODULES: dict[str, Callable[[Spec], nn.Module]] = {
     "rms_norm": rms_norm_module,
     "batch_norm": batch_norm_module,
     "add_rms_norm": rms_norm_module,
+    "add_layer_norm": layer_norm_module,
     "group_norm": group_norm_module,
     "instance_norm": instance_norm_module,
 }
 
 Tree = dict[str, Any]
-Forward = Callable[[Tree, Tree, jax.Array, Any], tuple[jax.Array, Tree]]
+# (params, batch_stats, x, residual) -> ((y,) or (y, residual_out), the outputs nothing differentiates).
+Forward = Callable[[Tree, Tree, jax.Array, Any], tuple[tuple[jax.Array, ...], Tree]]
 
 
 def forward_fn(spec: Spec, module: nn.Module) -> Forward:
-    """(params, batch_stats, x, residual) -> (y, extra outputs), the way a Flax user applies the module."""
+    """The forward pass the way a Flax user applies the module (a pre-norm block for the add ops)."""
 
-    def forward(params: Tree, stats: Tree, x: jax.Array, residual: Any) -> tuple[jax.Array, Tree]:
-        extra: Tree = {}
-        if residual is not None:
-            # add_rms_norm composed: x + residual in the activation dtype, then linen.RMSNorm.
-            x = x + residual
-            extra["residual_out"] = x
+    def forward(params: Tree, stats: Tree, x: jax.Array, residual: Any) -> tuple[tuple[jax.Array, ...], Tree]:
         variables = {"params": params, **({"batch_stats": stats} if stats else {})}
+        if residual is not None:
+            stored, read = jc.residual_sum(x, residual, spec.stream_dtype, exact=spec.exact_sum)
+            # dtype=the activation dtype: Flax normalizes ``read`` (float32 under residual_dtype or an
+            # exact sum) in float32 and rounds only y to it.
+            normed: Any = module.apply(variables, read)
+            return (normed, stored), {}
         if spec.transposed:
             # (N, C, spatial...) -> (N, spatial..., C) and back: a pure permutation, exact both ways,
             # and jax.vjp carries dy through the same permutations.
             moved: Any = module.apply(variables, jnp.moveaxis(x, 1, -1))
-            return jnp.moveaxis(moved, -1, 1), extra
+            return (jnp.moveaxis(moved, -1, 1),), {}
         if not spec.training:
             plain: Any = module.apply(variables, x)
-            return plain, extra
+            return (plain,), {}
         applied: Any = module.apply(variables, x, mutable=["batch_stats"])
         y, updated = applied
-        extra["running_mean"] = updated["batch_stats"]["mean"]
-        extra["running_var"] = updated["batch_stats"]["var"]
-        return y, extra
+        return (y,), {
+            "running_mean": updated["batch_stats"]["mean"],
+            "running_var": updated["batch_stats"]["var"],
+        }
 
     return forward
 
 
+# The differentiated outputs, in the order forward() returns them (their cotangents: dy, dresidual_out).
+PRIMALS = ("y", "residual_out")
+
+
 def step_fn(spec: Spec) -> Callable[..., Tree]:
-    """The function jax.jit compiles: the forward, and with dy the vjp wrt x and the params."""
+    """The function jax.jit compiles: the forward, and with dy the vjp wrt x, the params and the residual
+    (the add ops' cotangents are dy and dresidual_out: the next layer reads both outputs)."""
     forward = forward_fn(spec, MODULES[spec.op](spec))
 
-    def step(params: Tree, stats: Tree, x: jax.Array, residual: Any, dy: Any) -> Tree:
+    def step(params: Tree, stats: Tree, x: jax.Array, residual: Any, dy: Any, dresidual_out: Any) -> Tree:
         if dy is None:
-            y, extra = forward(params, stats, x, residual)
-            return {"y": y, **extra}
+            primal, extra = forward(params, stats, x, residual)
+            return {**dict(zip(PRIMALS, primal, strict=False)), **extra}
 
-        def differentiated(x: jax.Array, params: Tree) -> tuple[jax.Array, Tree]:
+        def differentiated(x: jax.Array, params: Tree, residual: Any) -> tuple[tuple[jax.Array, ...], Tree]:
             return forward(params, stats, x, residual)
 
-        y, vjp, extra = jax.vjp(differentiated, x, params, has_aux=True)
-        dx, dparams = vjp(dy)
+        # residual None (no add) is an empty pytree: its cotangent comes back None.
+        primal, vjp, extra = jax.vjp(differentiated, x, params, residual, has_aux=True)
+        dx, dparams, dresidual = vjp((dy,) if residual is None else (dy, dresidual_out))
         grads = {"dx": dx}
+        if dresidual is not None:
+            grads["dresidual"] = dresidual
         if "scale" in dparams:
             grads["dweight"] = dparams["scale"]
         if "bias" in dparams:
             grads["dbias"] = dparams["bias"]
-        return {"y": y, **extra, **grads}
+        return {**dict(zip(PRIMALS, primal, strict=False)), **extra, **grads}
 
     return step
 
@@ -259,9 +290,18 @@ class Loaded:
     x: jax.Array
     residual: jax.Array | None
     dy: jax.Array | None
+    dresidual_out: jax.Array | None
 
     def args(self) -> tuple[Any, ...]:
-        return (self.params, self.stats, self.x, self.residual, self.dy)
+        return (self.params, self.stats, self.x, self.residual, self.dy, self.dresidual_out)
+
+    def named(self) -> dict[str, jax.Array]:
+        """The arrays under the contract's input names (the scale is ``weight``: under an offset the
+        translated offset + w, the buffer the module reads in its place)."""
+        names = {"scale": "weight", "bias": "bias", "mean": "running_mean", "var": "running_var"}
+        found = {"x": self.x, "residual": self.residual, "dy": self.dy, "dresidual_out": self.dresidual_out}
+        found.update({names[k]: v for k, v in {**self.params, **self.stats}.items()})
+        return {name: value for name, value in found.items() if value is not None}
 
 
 def scale(case: Case, inputs: Inputs) -> np.ndarray | None:
@@ -292,9 +332,11 @@ def load(case: Case, spec: Spec, inputs: Inputs, scale: np.ndarray | None) -> Lo
             "mean": jc.to_jax(inputs["running_mean"], spec.stats_dtype),
             "var": jc.to_jax(inputs["running_var"], spec.stats_dtype),
         }
+    # The residual arrives in the stream's dtype (float32 under residual_dtype="float32").
     residual = jc.to_jax(inputs["residual"]) if "residual" in inputs else None
     dy = jc.to_jax(inputs["dy"]) if spec.grad else None
-    return Loaded(params, stats, jc.to_jax(inputs["x"]), residual, dy)
+    dresidual_out = jc.to_jax(inputs["dresidual_out"]) if spec.grad and residual is not None else None
+    return Loaded(params, stats, jc.to_jax(inputs["x"]), residual, dy, dresidual_out)
 
 
 class FlaxPrepared:
@@ -304,6 +346,7 @@ class FlaxPrepared:
     def __init__(self, compiled: jc.Compiled, loaded: Loaded, spec: Spec, info: Mapping[str, Any]) -> None:
         self._executable = compiled.executable
         self._args = loaded.args()
+        self._inputs = loaded.named()
         self._spec = spec
         self._info = dict(info)
         self._results: Tree = {}
@@ -321,6 +364,10 @@ class FlaxPrepared:
         # parameter of that dtype would be.
         casts = {"dweight": self._spec.param_dtype}
         return {name: jc.to_numpy(value, casts.get(name)) for name, value in self._results.items()}
+
+    def buffers(self) -> dict[str, tuple[int, int]]:
+        """The device buffers the executable reads and (after a call) writes, for the aliasing check."""
+        return jc.buffers(self._inputs, self._results)
 
     def info(self) -> dict[str, Any]:
         return dict(self._info)
@@ -417,7 +464,9 @@ def default_eps(op: str) -> float:
         "batch_norm": nn.BatchNorm,
         "group_norm": nn.GroupNorm,
         "instance_norm": nn.InstanceNorm,
+        "add_rms_norm": nn.RMSNorm,
+        "add_layer_norm": nn.LayerNorm,
     }
-    cls = module["rms_norm" if op == "add_rms_norm" else op]
+    cls = module[op]
     (epsilon,) = (f for f in dataclasses.fields(cls) if f.name == "epsilon")
     return float(epsilon.default)  # type: ignore[arg-type]

@@ -131,8 +131,10 @@ def _class(family: Family) -> type[nn.Module]:
 
 
 def _ops(family: Family) -> frozenset[str]:
-    # add_rms_norm is composed as the torch adapters compose it: x + residual in the activation
-    # dtype, then the family's RMSNorm.
+    # add_rms_norm is composed as the torch adapters compose it (_torch_common.Residual), then the
+    # family's RMSNorm; its backward runs through both outputs. The residual conventions (features
+    # residual_dtype, exact_sum) are not declared: the model families keep the stream in the
+    # activation dtype and normalize the stored sum.
     return frozenset({"rms_norm", "add_rms_norm"}) if family.op == "rms_norm" else frozenset({family.op})
 
 
@@ -228,7 +230,11 @@ def _build(family: Family, default_eps: bool) -> common.Build:
             y: torch.Tensor = module(tensors.input())
             return y
 
-        return common.library_prepared(case, tensors, forward, _weight(module), bias)
+        # y keeps the dtype the class returns (LlamaRMSNorm: the weight's, float32 beside half activations):
+        # the hf-* backends show the class; no stream or sum convention of theirs widens it.
+        return common.library_prepared(
+            case, tensors, forward, _weight(module), bias, module=module, cast_y=False
+        )
 
     return build
 

@@ -1,6 +1,7 @@
 """keras (Keras 3 on torch) and keras-jax (the same layers on Keras' JAX backend): keras.layers
 LayerNormalization, RMSNormalization, BatchNormalization and GroupNormalization (GroupNorm, and
-InstanceNorm as groups=-1) under a dtype policy matching the case.
+InstanceNorm as groups=-1) under a dtype policy matching the case; the fused residual ops as
+keras.ops.add in front of LayerNormalization / RMSNormalization.
 
 Keras picks its backend once per process; the adapter of this process's backend runs in process, the
 other in a persistent child process (backends/_keras_child.py). The translation (backends/_keras_plan.py)
@@ -34,7 +35,9 @@ from conformance.adapter.backend import (
 from conformance.model.case import Case
 from conformance.model.dtypes import DTYPES
 
-OPS = frozenset({"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"})
+OPS = frozenset(
+    {"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "add_layer_norm", "group_norm", "instance_norm"}
+)
 # Not declared: Keras' BatchNormalization has no cumulative average; Keras has no InstanceNorm with
 # running statistics; channels_last is a torch memory format, not a Keras layer option.
 UNDECLARED = frozenset({"momentum_none", "running_stats", "channels_last"})
@@ -64,7 +67,28 @@ NOTES: dict[str, str] = {
     "channels_last": "not declared: a torch memory format; Keras layers take the array as given",
     "float64": "computed in float32: keras.backend.result_type maps float64 to float32 on the torch and"
     " JAX backends, so the layers cast float64 inputs down and the results back up (a known deviation)",
+    "add_rms_norm": "h = keras.ops.add(x, residual) in the residual stream's dtype, then the layer on h"
+    " (add_layer_norm: LayerNormalization), residual_out = h; backward through both outputs (cotangents"
+    " dy and dresidual_out; torch autograd / jax.vjp wrt x, residual and the variables). On JAX, XLA's"
+    " default allow_excess_precision skips the rounding of a bfloat16 sum inside the jitted step (a"
+    " deviation: see the fingerprint's add_*.sum)",
+    "residual_dtype": "residual in float32: h = ops.add(ops.cast(x, 'float32'), residual) is residual_out and"
+    " the layer's input. LayerNormalization opts out of autocast: under the case's policy it normalizes"
+    " a float32 input in float32 and rounds only y to the compute dtype, so it reads h as it is.",
+    "rms_autocast": "RMSNormalization autocasts its input to the compute dtype, so under a bfloat16/"
+    "float16 policy it would normalize h rounded to the activation dtype; where it must read a float32"
+    " sum it runs under the 'float32' policy (Keras' mixed-precision idiom for a sensitive layer;"
+    " parameters held exactly in float32 variables, gradients rounded once to the parameter dtype) and"
+    " y is cast to the activation dtype after it",
+    "exact_sum": "norm_input exact: h32 = ops.add(ops.cast(x, w), ops.cast(residual, w)), w at least"
+    " float32; residual_out = ops.cast(h32, stream dtype); the layer reads h32 (see rms_autocast)",
+    "buffers": "buffers(): keras (torch) reports its tensors, keras-jax its device buffers (address,"
+    " nbytes) (in process only; a child process's outputs come back as host copies); BatchNorm's moving"
+    " statistics, Keras variables updated in place by design and reset at every call, are left out",
 }
+# On the torch backend autograd hands dL/dh to x and residual as ONE tensor when h = x + residual adds
+# in one dtype (AddBackward passes its gradient through): dx and dresidual share memory by design.
+TORCH_ALIASES: dict[str, str] = {"dresidual": "dx"}
 # The benchmarks leave out a backend whose Capabilities.notes["mode"] starts with "interpreted"
 # (conformance/bench/measure.py): its time means nothing there. A call of an out-of-process adapter
 # is a pickled request and reply over a socket around the run, so the same holds; the note says why.
@@ -107,8 +131,8 @@ def _ops() -> frozenset[str]:
 
 
 def _arrays(inputs: Inputs, grad: bool) -> dict[str, np.ndarray]:
-    """Copies of what the run reads besides the plan's variables (x, residual, dy)."""
-    names = ("x", "residual", "dy") if grad else ("x", "residual")
+    """Copies of what the run reads besides the plan's variables (x, residual, dy, dresidual_out)."""
+    names = ("x", "residual", "dy", "dresidual_out") if grad else ("x", "residual")
     return {name: np.array(inputs[name], copy=True) for name in names if name in inputs}
 
 
@@ -144,6 +168,7 @@ class _KerasLayers:
     name: str
     keras_backend: str
     library: str  # the distribution of the backend's library (for availability and versions)
+    aliases: Mapping[str, str] = {}  # Capabilities.aliases: outputs that share memory by design
     # Run in a child process even where this process could run it (the tests of the child path).
     always_child: bool = False
 
@@ -181,6 +206,7 @@ class _KerasLayers:
             device=device,
             device_name=device_name,
             notes=notes,
+            aliases=dict(self.aliases),
         )
 
     def device(self) -> tuple[str, str]:
@@ -224,6 +250,7 @@ class KerasTorch(_KerasLayers):
     name = "keras"
     keras_backend = "torch"
     library = "torch"
+    aliases = TORCH_ALIASES
 
     def device(self) -> tuple[str, str]:
         from backends import _torch_common as tc

@@ -4,8 +4,10 @@ Users see what their exported models compute: the exporter picks the graph (RMSN
 Pow/ReduceMean/Sqrt/... below opset 23 and becomes RMSNormalization at 23; GroupNorm is Reshape +
 InstanceNormalization + Reshape + Mul/Add below opset 21 and GroupNormalization-21 from 21; InstanceNorm
 is InstanceNormalization, and with running statistics in eval BatchNormalization over tiled
-statistics). The opset comes from NORMCONF_ONNX_OPSET (default 18; 21 or later for GroupNormalization):
-one variable for every op, so one run measures one opset and results record it (info: opset, graph).
+statistics; the add ops are x + residual then nn.RMSNorm / nn.LayerNorm, or AddNormWide for the
+residual conventions of "residual in fp32" models and fused kernels). The opset comes from NORMCONF_ONNX_OPSET
+(default 18; 21 or later for GroupNormalization): one variable for every op, so one run measures one
+opset and results record it (info: opset, graph).
 One export and one session serve every case of a signature: the batch and spatial dimensions are
 dynamic and the module's parameters and buffers are lifted to graph inputs. See docs/onnx.md.
 """
@@ -38,7 +40,7 @@ from conformance.adapter.backend import (
     Prepared,
     Unsupported,
 )
-from conformance.model.case import CHANNEL_OPS, Case
+from conformance.model.case import ADD_OPS, CHANNEL_OPS, Case
 from conformance.model.dtypes import numpy_dtype
 
 OPSET_VARIABLE = "NORMCONF_ONNX_OPSET"
@@ -65,8 +67,12 @@ def opset() -> int:
     return value
 
 
-class AddRMSNorm(nn.Module):
-    """add_rms_norm as torch-nn composes it: x + residual in the activation dtype, then nn.RMSNorm."""
+# The torch.nn op whose module normalizes each add op's sum.
+ADD_NORMS = {"add_rms_norm": "rms_norm", "add_layer_norm": "layer_norm"}
+
+
+class AddNorm(nn.Module):
+    """An add op as torch-nn composes it: x + residual in the activation dtype, then the norm module."""
 
     def __init__(self, norm: nn.Module) -> None:
         super().__init__()
@@ -79,12 +85,61 @@ class AddRMSNorm(nn.Module):
 
 
 @dataclass(frozen=True)
+class Stream:
+    """An add op's residual conventions in torch dtypes: the sum's dtype, the stored residual_out's
+    (the stream's), and whether the norm reads the sum before it is stored (norm_input "exact")."""
+
+    total: torch.dtype
+    stored: torch.dtype
+    exact: bool
+
+
+def stream(case: Case) -> Stream | None:
+    """The conventions of an add case beyond torch-nn's composition, or None (x + residual in the
+    activation dtype, the norm reading that stored sum): the sum in float32, or wider where x or the
+    stream is (float64)."""
+    if case.residual_dtype is None and case.norm_input == "rounded":
+        return None
+    activation, stored = common.torch_dtype(case.dtype), common.torch_dtype(case.stream_dtype)
+    total = torch.promote_types(torch.promote_types(activation, stored), torch.float32)
+    return Stream(total, stored, case.norm_input == "exact")
+
+
+class AddNormWide(nn.Module):
+    """An add op with the residual conventions of "residual in fp32" models and fused kernels:
+    h = x.float() + residual.float(); residual_out = h stored in the stream's dtype; the norm, in its
+    module's dtype (the parameters', widened to the sum's), reads the stored value ("rounded") or h
+    itself ("exact"); y is rounded once to x's dtype."""
+
+    def __init__(self, norm: nn.Module, conventions: Stream, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.norm, self.conventions, self.dtype = norm, conventions, dtype
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        wide = self.conventions
+        total = x.to(wide.total) + residual.to(wide.total)
+        stored = total.to(wide.stored)
+        y: torch.Tensor = self.norm((total if wide.exact else stored).to(self.dtype))
+        return y.to(x.dtype), stored
+
+
+def module_dtype(case: Case, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the case's module: the parameters' ``dtype``, widened to the sum's for AddNormWide
+    (its weights then hold the parameters exactly)."""
+    conventions = stream(case) if case.op in ADD_OPS else None
+    return dtype if conventions is None else torch.promote_types(dtype, conventions.total)
+
+
+Info = dict[str, str | int | float | bool]
+
+
+@dataclass(frozen=True)
 class Exported:
     """One export's session, its graph outputs, and what its results record."""
 
     session: object
     outputs: tuple[str, ...]  # graph output names, in the order of forward's results
-    info: dict[str, str | int | float | bool]
+    info: Info
 
 
 # Exports done in this process and the seconds each took (the closing note's count and time).
@@ -93,13 +148,16 @@ EXPORT_SECONDS: list[float] = []
 
 def _module(case: Case, dtype: torch.dtype) -> nn.Module:
     # torch-nn's modules (GroupNorm and InstanceNorm included), every argument explicit.
-    module = MODULES[case.op](case, dtype, torch.device("cpu"))
-    return AddRMSNorm(module) if case.op == "add_rms_norm" else module
+    module = MODULES[ADD_NORMS.get(case.op, case.op)](case, dtype, torch.device("cpu"))
+    if case.op not in ADD_OPS:
+        return module
+    conventions = stream(case)
+    return AddNorm(module) if conventions is None else AddNormWide(module, conventions, dtype)
 
 
 def _state_names(case: Case) -> dict[str, str]:
     """Case input name -> the module's state name, for the parameters and buffers the export reads."""
-    prefix = "norm." if case.op == "add_rms_norm" else ""
+    prefix = "norm." if case.op in ADD_OPS else ""
     names = {}
     if case.weight or case.bias:
         names["weight"] = prefix + "weight"  # torch.nn's one affine switch: a bias-only case has ones
@@ -110,16 +168,19 @@ def _state_names(case: Case) -> dict[str, str]:
     return names
 
 
-def _examples(case: Case, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], tuple[dict[int, Any], ...]]:
-    """Example activations, every dimension the parameters do not fix dynamic, and their dynamic_shapes."""
-    fixed = {1} if case.op in CHANNEL_OPS else set(range(len(case.shape) - case.norm_ndim, len(case.shape)))
-    dims = {i: torch.export.Dim(f"d{i}") for i in range(len(case.shape)) if i not in fixed}
+def _examples(
+    case: Case, shape: tuple[int, ...]
+) -> tuple[tuple[torch.Tensor, ...], tuple[dict[int, Any], ...]]:
+    """Example activations (x, and residual in the stream's dtype) of the graph's ``shape``, every
+    dimension the parameters do not fix dynamic, and their dynamic_shapes."""
+    fixed = {1} if case.op in CHANNEL_OPS else set(range(len(shape) - case.norm_ndim, len(shape)))
+    dims = {i: torch.export.Dim(f"d{i}") for i in range(len(shape)) if i not in fixed}
     sizes = iter(_EXAMPLE_SIZES)
-    shape = [case.shape[i] if i in fixed else next(sizes) for i in range(len(case.shape))]
-    count = 2 if case.op == "add_rms_norm" else 1
+    example = [shape[i] if i in fixed else next(sizes) for i in range(len(shape))]
+    dtypes = (case.dtype, case.stream_dtype) if case.op in ADD_OPS else (case.dtype,)
     # Distinct tensors: torch.export merges an input passed twice into one graph input.
-    examples = tuple(torch.randn(shape, dtype=torch.float64).to(dtype) for _ in range(count))
-    return examples, (dims,) * count
+    examples = tuple(torch.randn(example, dtype=torch.float64).to(common.torch_dtype(d)) for d in dtypes)
+    return examples, (dims,) * len(dtypes)
 
 
 class Functional(nn.Module):
@@ -142,9 +203,16 @@ class Functional(nn.Module):
         return result
 
 
-def _export(case: Case, dtype: torch.dtype, values: dict[str, np.ndarray], target: int) -> onnx.ModelProto:
+def _export(
+    case: Case,
+    dtype: torch.dtype,
+    values: dict[str, np.ndarray],
+    target: int,
+    shape: tuple[int, ...] | None = None,
+) -> onnx.ModelProto:
+    """The case's module exported, its activations of ``shape`` (the case's unless given)."""
     names = _state_names(case)
-    activations, dynamic = _examples(case, common.torch_dtype(case.dtype))
+    activations, dynamic = _examples(case, shape or case.shape)
     state = tuple(common.to_torch(values[name], torch.device("cpu")).to(dtype) for name in names)
     module = Functional(_module(case, dtype), tuple(names.values()), len(activations)).train(case.training)
     inputs = ["x", "residual"][: len(activations)] + list(names)
@@ -176,6 +244,12 @@ def _export(case: Case, dtype: torch.dtype, values: dict[str, np.ndarray], targe
     return model
 
 
+def node_list(model: onnx.ModelProto) -> str:
+    """The graph's distinct node types in order, "+"-joined; a non-ONNX domain prefixes its ops."""
+    names = (f"{node.domain}.{node.op_type}" if node.domain else node.op_type for node in model.graph.node)
+    return "+".join(dict.fromkeys(names))
+
+
 def _innermost(error: BaseException) -> BaseException:
     while error.__cause__ is not None:
         error = error.__cause__
@@ -192,7 +266,7 @@ def _summary(error: BaseException) -> str:
 def _check_outputs(case: Case, model: onnx.ModelProto) -> tuple[str, ...]:
     """The graph outputs, or Unsupported when the export cannot show the case's results."""
     outputs = tuple(o.name for o in model.graph.output)
-    wanted = 2 if case.op == "add_rms_norm" else 3 if case.training else 1
+    wanted = 2 if case.op in ADD_OPS else 3 if case.training else 1
     if len(outputs) == wanted:
         return outputs
     modes = [
@@ -232,6 +306,7 @@ class OnnxExport:
     """torch.nn modules exported with torch.onnx.export(dynamo=True) and run by ONNX Runtime; forward only."""
 
     name = "onnx-export"
+    graph_kind = "exported"  # what the session runs, for its messages
 
     def __init__(self) -> None:
         self._cache = _ort.Cache()
@@ -256,44 +331,70 @@ class OnnxExport:
                 "group_norm": "Reshape+InstanceNormalization+Reshape+Mul+Add below opset 21,"
                 " GroupNormalization-21 from 21 (NORMCONF_ONNX_OPSET); results record the graph",
                 "channels_last": "not declared: ONNX tensors have no memory format",
+                "residual": "add ops: x + residual in the activation dtype, then the torch.nn norm; with"
+                " residual_dtype or norm_input 'exact' the module sums in float32, stores residual_out in"
+                " the stream's dtype, normalizes the stored or the unrounded sum in float32 (parameters"
+                " widened exactly) and rounds y once to x's dtype",
             },
+            ops=_ort.OPS | ADD_OPS,
         )
 
+    def graph_shape(self, case: Case) -> tuple[int, ...]:
+        """The shape the graph takes the case's activations in: the case's own."""
+        return case.shape
+
+    def transform(self, case: Case, model: onnx.ModelProto) -> tuple[onnx.ModelProto, Info]:
+        """The model the session runs, and what results record of the step: the export, unchanged."""
+        return model, {}
+
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
+        return self.bind(case, inputs)
+
+    def bind(self, case: Case, inputs: Inputs) -> _ort.OrtPrepared:
+        """The case's session (exported once per signature) with its inputs and outputs bound."""
         target = self.target_opset()
         values = _values(case, inputs)
-        dtype = common.torch_dtype(str(values["weight"].dtype) if "weight" in values else case.weight_dtype)
+        weights = str(values["weight"].dtype) if "weight" in values else case.weight_dtype
+        dtype = module_dtype(case, common.torch_dtype(weights))
+        # The state is fed in the module's dtype (widening is exact): the graph's inputs are typed so.
+        values = {
+            name: value.astype(numpy_dtype(str(dtype).removeprefix("torch.")))
+            for name, value in values.items()
+        }
         # What the export depends on; leading dimensions and parameter values are run-time inputs.
         key: tuple[object, ...] = (case.op, case.dtype, str(dtype), len(case.shape), case.param_shape)
         key += (case.norm_ndim, case.weight, case.bias, case.eps, case.training, case.momentum, target)
-        key += (case.num_groups, case.track_running_stats)
+        key += (case.num_groups, case.track_running_stats, case.residual_dtype, case.norm_input)
         exported, hit = self._cache.get(key, lambda: self._build(case, dtype, values, target))
         assert isinstance(exported, Exported), "the cache holds Exported entries"
+        shape = self.graph_shape(case)
         # Graph inputs carry the case's names (input_names at export): x, residual, then the state.
-        feeds = {name: inputs[name] for name in ("x", "residual") if name in inputs}
+        feeds = {name: inputs[name].reshape(shape) for name in ("x", "residual") if name in inputs}
         feeds |= {name: values[name] for name in _state_names(case)}
-        names = ("y", "residual_out") if case.op == "add_rms_norm" else ("y", "running_mean", "running_var")
+        names = ("y", "residual_out") if case.op in ADD_OPS else ("y", "running_mean", "running_var")
         dtypes = _ort.output_dtypes(exported.session)
         # Outputs in the order of the module's results (y, residual_out); a training export, were it
         # ever to keep its running statistics, would be read as (y, running_mean, running_var) and
         # fail its checks, never pass, if the exporter ordered them otherwise.
         bound = tuple(
             _ort.Bound(
-                name, graph, case.shape if name in ("y", "residual_out") else case.param_shape, dtypes[graph]
+                name, graph, shape if name in ("y", "residual_out") else case.param_shape, dtypes[graph]
             )
             for name, graph in zip(names, exported.outputs, strict=False)
         )
         return _ort.OrtPrepared(exported.session, feeds, bound, {**exported.info, "cached": hit})
 
     def _build(self, case: Case, dtype: torch.dtype, values: dict[str, np.ndarray], target: int) -> Exported:
-        model = _export(case, dtype, values, target)
+        model = _export(case, dtype, values, target, self.graph_shape(case))
         export_s = EXPORT_SECONDS[-1]
         outputs = _check_outputs(case, model)
         _check_valid(model)
-        ops = "+".join(dict.fromkeys(node.op_type for node in model.graph.node))
-        sess = _ort.session(model, f"the exported graph ({ops}, opset {target}) with x {case.dtype}")
+        ops = node_list(model)
+        model, steps = self.transform(case, model)
+        what = f"the {self.graph_kind} graph ({node_list(model)}, opset {target}) with x {case.dtype}"
+        sess = _ort.session(model, what)
         info = {**_ort.session_info(sess), "opset": target, "graph": ops, "export_s": round(export_s, 3)}
-        info |= {"torch": str(torch.__version__), "onnxscript": str(onnxscript.__version__)}
+        info |= {"torch": str(torch.__version__), "onnxscript": str(onnxscript.__version__), **steps}
         return Exported(sess, outputs, info)
 
 

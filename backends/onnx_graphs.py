@@ -1,7 +1,8 @@
 """onnxruntime: one hand-built ONNX graph per case signature (onnx.helper), run by ONNX Runtime.
 
 LayerNormalization-17, RMSNormalization-23, BatchNormalization-15 (inference, and training_mode=1
-with the running-statistic outputs), add_rms_norm as Add then RMSNormalization, GroupNormalization-21
+with the running-statistic outputs), add_rms_norm and add_layer_norm as Add then RMSNormalization or
+LayerNormalization (each residual convention spelled with Casts), GroupNormalization-21
 (or -18, NORMCONF_ORT_GROUP_NORM_OPSET), and InstanceNormalization (eval with running statistics:
 BatchNormalization). PyTorch conventions are translated in the graph, each explained where it is built
 and in docs/onnx.md: momentum (ONNX's is 1 - m), the unbiased running variance (ONNX's is biased),
@@ -24,13 +25,14 @@ from onnx import helper
 from backends import _ort
 from backends._translate import offset_scale, old_value_momentum
 from conformance.adapter.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Prepared
-from conformance.model.case import CHANNEL_OPS, Case
+from conformance.model.case import ADD_OPS, CHANNEL_OPS, Case
 from conformance.model.dtypes import numpy_dtype, stats_dtype
 
 OPSETS = {
     "layer_norm": 17,
     "rms_norm": 23,
     "add_rms_norm": 23,
+    "add_layer_norm": 17,
     "batch_norm": 15,
     "group_norm": 21,
     "instance_norm": 22,
@@ -139,17 +141,41 @@ def scale_dtype(case: Case, inputs: Inputs) -> str:
     return case.weight_dtype
 
 
+def widest(first: str, second: str) -> str:
+    """The narrowest dtype that holds every value of both exactly (float32 for bfloat16 with float16)."""
+    if first == second:
+        return first
+    return "float64" if "float64" in (first, second) else "float32"
+
+
+def sum_dtype(case: Case) -> str:
+    """The dtype the add ops' Add runs in: one that holds x and residual exactly (the activation dtype,
+    or float32 for a float32 stream), widened to float32 (float64 for float64) for the exact convention:
+    the sum a fused kernel keeps in registers."""
+    holds_both = widest(case.dtype, case.stream_dtype)
+    return holds_both if case.norm_input == "rounded" else widest(holds_both, stats_dtype(case.dtype))
+
+
+def norm_source_dtype(case: Case) -> str:
+    """The dtype of what the normalization node reads: x; for the add ops the sum as stored in the
+    stream's dtype (rounded), or the sum itself (exact)."""
+    if case.op not in ADD_OPS:
+        return case.dtype
+    return case.stream_dtype if case.norm_input == "rounded" else sum_dtype(case)
+
+
 def _normalize(spec: Spec, op: str, compute: str, inputs: list[str], **attrs: Any) -> None:
-    """``op`` in ``compute`` dtype, between Casts from and to the activation dtype; its result is y.
+    """``op`` in ``compute`` dtype, between Casts from what it reads and to the activation dtype; its
+    result is y.
 
     A parameter dtype other than x's (mixed precision, or Gemma's widened 1 + w) is expressed as
     ONNX expresses it: LayerNormalization-17, GroupNormalization and InstanceNormalization bind X,
     scale and bias to one type, and ORT's RMSNormalization-23 binds X and scale together, so the
     normalization runs in the parameters' dtype and y is rounded once to the activation dtype, as
-    torch's mixed kernels do.
+    torch's mixed kernels do. The add ops' norm reads the sum, in ``norm_source_dtype``.
     """
     case = spec.case
-    source = spec.cast("x_wide", inputs[0], case.dtype, compute)
+    source = spec.cast("x_wide", inputs[0], norm_source_dtype(case), compute)
     result = "y" if compute == case.dtype else "y_wide"
     spec.node(op, [source, *inputs[1:]], [result], **attrs)
     spec.cast("y", result, compute, case.dtype)
@@ -163,9 +189,30 @@ def _row_norm(spec: Spec, op: str, compute: str, inputs: list[str]) -> None:
     _normalize(spec, op, compute, inputs, axis=-case.norm_ndim, epsilon=case.eps, stash_type=stash)
 
 
+def residual_add(spec: Spec) -> str:
+    """The add ops' residual stream: h = x + residual in ``sum_dtype``, residual_out = h in the stream's
+    dtype; the name of what the norm reads (``norm_source_dtype``).
+
+    - default: residual and residual_out in the activation dtype; the Add's result is residual_out and
+      the norm's input (rounded once, read as stored);
+    - residual_dtype float32: residual arrives in float32, x is Cast to float32 (exact), the Add's
+      float32 result is residual_out and the norm's input;
+    - norm_input exact: x (and a half residual) Cast to float32, the Add's float32 sum is what the
+      norm reads, residual_out a Cast of it to the stream's dtype (the one rounding the stored copy has).
+    """
+    case, shape = spec.case, x_shape(spec.case)
+    total, stream = sum_dtype(case), case.stream_dtype
+    x = spec.cast("x_sum", spec.input("x", case.dtype, shape), case.dtype, total)
+    residual = spec.cast("residual_sum", spec.input("residual", stream, shape), stream, total)
+    h = spec.node("Add", [x, residual], ["residual_out" if total == stream else "sum"])[0]
+    stored = spec.cast("residual_out", h, total, stream)
+    spec.output("residual_out", stored, stream, shape)
+    return stored if case.norm_input == "rounded" else h
+
+
 def layer_norm(spec: Spec, compute: str, backend: OnnxRuntime) -> None:
     case = spec.case
-    x = spec.input("x", case.dtype, x_shape(case))
+    x = residual_add(spec) if case.op in ADD_OPS else spec.input("x", case.dtype, x_shape(case))
     # LayerNormalization requires Scale: a case without weight gets ones (exact); B is optional.
     inputs = [x, spec.input("weight", compute, list(case.param_shape))]
     if case.bias:
@@ -175,12 +222,7 @@ def layer_norm(spec: Spec, compute: str, backend: OnnxRuntime) -> None:
 
 def rms_norm(spec: Spec, compute: str, backend: OnnxRuntime) -> None:
     case = spec.case
-    x = spec.input("x", case.dtype, x_shape(case))
-    if case.op == "add_rms_norm":
-        # The residual stream: x + residual in the activation dtype, kept as residual_out.
-        residual = spec.input("residual", case.dtype, x_shape(case))
-        x = spec.node("Add", [x, residual], ["residual_out"])[0]
-        spec.output("residual_out", x, case.dtype, x_shape(case))
+    x = residual_add(spec) if case.op in ADD_OPS else spec.input("x", case.dtype, x_shape(case))
     # RMSNormalization requires scale: ones without weight; Gemma's 1 + w is fed pre-added (exactly).
     _row_norm(spec, "RMSNormalization", compute, [x, spec.input("weight", compute, list(case.param_shape))])
 
@@ -339,6 +381,7 @@ BUILDERS = {
     "layer_norm": layer_norm,
     "rms_norm": rms_norm,
     "add_rms_norm": rms_norm,
+    "add_layer_norm": layer_norm,
     "batch_norm": batch_norm,
     "group_norm": group_norm,
     "instance_norm": instance_norm,
@@ -353,6 +396,9 @@ def _constant_within_groups(values: np.ndarray, groups: int) -> bool:
 def plan(case: Case, inputs: Inputs, backend: OnnxRuntime) -> Plan:
     """The compute dtype, the opset, and for GroupNormalization-18 whether the affine is per group."""
     compute, opset = scale_dtype(case, inputs), backend.opset(case)
+    if case.op in ADD_OPS:
+        # The norm reads the sum in its own dtype: float32 with bfloat16 parameters runs in float32.
+        compute = widest(compute, norm_source_dtype(case))
     if case.op != "group_norm" or opset >= 21:
         return Plan(compute, opset)
     fed = feeds(case, inputs, Plan(compute, opset))
@@ -380,6 +426,11 @@ def feeds(case: Case, inputs: Inputs, plan: Plan) -> dict[str, np.ndarray]:
         fed["bias"] = inputs["bias"]
     elif case.op in CHANNEL_OPS:
         fed["bias"] = zeros
+    if case.op in ADD_OPS:
+        # Parameters narrower than the sum the norm reads are widened to it: exact.
+        for name in ("weight", "bias"):
+            if name in fed:
+                fed[name] = np.ascontiguousarray(fed[name].astype(dtype))
     if case.op == "batch_norm" and case.training:
         fed["prior_running_var"] = inputs["running_var"]
     if plan.affine == "per_group":
@@ -418,8 +469,11 @@ class OnnxRuntime:
             "instance_norm": "InstanceNormalization; eval with running statistics as BatchNormalization;"
             " the training update of the running statistics composed of ReduceMean/ReduceSum",
             "channels_last": "not declared: ONNX tensors have no memory format",
+            "add_ops": "Add then RMSNormalization-23 / LayerNormalization-17; residual_dtype float32 as a"
+            " float32 residual input with x Cast to float32, exact_sum as the Add of x and residual Cast to"
+            " float32 with residual_out a Cast of the sum (the norm reads the float32 sum)",
         }
-        return _ort.capabilities(features, notes)
+        return _ort.capabilities(features, notes, ops=frozenset(OPSETS))
 
     def gn_opset(self) -> int:
         """GroupNormalization's opset: NORMCONF_ORT_GROUP_NORM_OPSET, else 21."""
@@ -449,7 +503,7 @@ class OnnxRuntime:
         # What the graph depends on; leading dimensions and parameter values are run-time inputs.
         key: tuple[object, ...] = (case.op, case.dtype, case.weight_dtype, chosen, tuple(x_shape(case)))
         key += (case.norm_ndim, case.bias, case.eps, case.training, case.momentum)
-        key += (case.num_groups, case.track_running_stats)
+        key += (case.num_groups, case.track_running_stats, case.residual_dtype, case.norm_input)
         built, hit = self._cache.get(key, lambda: self._build(case, chosen))
         assert isinstance(built, Built), "the cache holds Built entries"
         dtypes = _ort.output_dtypes(built.session)
@@ -457,7 +511,7 @@ class OnnxRuntime:
             _ort.Bound(name, graph, _shape(case, name), dtypes[graph])
             for name, graph in built.outputs.items()
         )
-        return _ort.OrtPrepared(
+        return _ort.ReportedOrtPrepared(
             built.session, feeds(case, inputs, chosen), bound, {**built.info, "cached": hit}
         )
 
@@ -505,6 +559,10 @@ def graph_info(spec: Spec, backend: OnnxRuntime) -> dict[str, str | int | float 
         stash = [helper.get_attribute_value(a) for a in node.attribute if a.name == "stash_type"]
         if stash:
             info["stash_type"] = onnx.helper.tensor_dtype_to_np_dtype(int(stash[0])).name
+    if case.op in ADD_OPS:
+        # Which residual convention the graph spells: the dtype of the Add, and what the norm reads.
+        info["sum_dtype"] = sum_dtype(case)
+        info["norm_reads"] = f"the {case.norm_input} sum ({norm_source_dtype(case)})"
     if case.op == "instance_norm" and case.training:
         info["running_update"] = "ReduceMean/ReduceSum composition (no ONNX op keeps InstanceNorm's)"
         info["momentum"] = 1.0 if case.momentum is None else case.momentum

@@ -1,7 +1,8 @@
 """openvino, openvino-default: OpenVINO's CPU runtime running the suite's hand-built ONNX graphs.
 
 The graphs are backends/onnx_graphs.py's (LayerNormalization-17, RMSNormalization-23,
-BatchNormalization-15 inference and training, Add + RMSNormalization, GroupNormalization-21 or -18,
+BatchNormalization-15 inference and training, Add + RMSNormalization or LayerNormalization with the
+residual conventions' Casts, GroupNormalization-21 or -18,
 InstanceNormalization with its running-statistics graphs), with its PyTorch translations,
 read by ``core.read_model`` from the serialized ModelProto and compiled for the "CPU" device in
 prepare(); a call runs the compiled model's InferRequest only.
@@ -112,6 +113,17 @@ class OpenVINOPrepared:
     def info(self) -> Info:
         return dict(self._info)
 
+    def buffers(self) -> dict[str, np.ndarray]:
+        """The memory the request reads (the feeds' copies, by contract name) and, once it has run, the
+        output tensors it wrote (share_outputs: the request's own): the aliasing check's evidence."""
+        found = dict(self._feeds)
+        if self._ran:
+            found |= {
+                name: np.asarray(self._request.get_tensor(graph).data)
+                for name, graph in self._outputs.items()
+            }
+        return found
+
 
 def _read(core: ov.Core, model: onnx.ModelProto, what: str) -> ov.Model:
     """The ONNX frontend's model; a graph it cannot convert is Unsupported with the frontend's summary."""
@@ -160,7 +172,7 @@ class OpenVINO:
     def capabilities(self) -> Capabilities:
         core = self._core
         return Capabilities(
-            ops=_ort.OPS,
+            ops=frozenset(graphs.OPSETS),
             dtypes=frozenset(DTYPES),
             # ONNX tensors have no memory format: a channels_last case would run the contiguous graph.
             features=frozenset(FEATURES) - {"backward", "channels_last"},
@@ -209,6 +221,7 @@ class OpenVINO:
         key: tuple[object, ...] = (case.op, case.dtype, case.weight_dtype, chosen)
         key += (tuple(graphs.x_shape(case)), case.norm_ndim, case.bias, case.eps)
         key += (case.training, case.momentum, case.num_groups, case.track_running_stats, default_eps)
+        key += (case.residual_dtype, case.norm_input)
         built, hit = self._cache.get(key, lambda: self._compile(case, chosen, default_eps))
         assert isinstance(built, Compiled), "the cache holds Compiled entries"
         return OpenVINOPrepared(built, graphs.feeds(case, inputs, chosen), hit)

@@ -14,6 +14,11 @@ compiled on an 8 x 7 case computes dx ~70x more accurately on offset rows than o
 12 x 100. So that a case's result depends on the case alone, every graph is compiled on a canonical
 shape first (the case's rank and size-1 dims, fixed other sizes; see _canonical), and the adapter
 keeps its own cache directory, written only by such compiles (see _cache_dir).
+
+The add ops compile x + residual with the norm as one graph, the sum formed as the case's convention
+asks (as ``_torch_common.Residual`` forms it eagerly). Inductor may fuse the add into the norm and keep
+the sum in float32 registers where the composition stores and rereads it in half precision: info()
+``sum_normalized`` says which sum the graph normalized on the case's own rows (see sum_read).
 """
 
 from __future__ import annotations
@@ -27,13 +32,16 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from backends import _torch_common as common
 from backends._translate import offset_scale
+from conformance import oracle
 from conformance.adapter.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Outputs, Prepared
-from conformance.model.case import GROUP_OPS, Case
+from conformance.model.case import ADD_OPS, GROUP_OPS, NORM_INPUTS, Case
+from conformance.model.dtypes import round_to
 from conformance.model.inputs import make_inputs
 
 # BatchNorm's ci grid alone is ~136 separate inductor graphs (layouts x train/eval x momentum and eps
@@ -41,7 +49,7 @@ from conformance.model.inputs import make_inputs
 # is ~280 (num_groups, memory layouts, InstanceNorm's modes and momenta, affine variants, dtypes, eps
 # constants, grad), about two graphs per case, each seconds of C++ compilation: declared only on request.
 OPS_VARIABLE = "NORMCONF_TORCH_COMPILE_OPS"
-DEFAULT_OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm"})
+DEFAULT_OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm"})
 # Recompiles one key may take (eps values x size-1 specializations); past it dynamo raises instead of
 # silently running eager, so a case is compiled or it is an error.
 RECOMPILE_LIMIT = 64
@@ -49,10 +57,14 @@ NOTES = {
     "compile": "torch.compile(backend='inductor', dynamic=True, fullgraph=True); one compiled function"
     " per (op, dtype, parameter signature, grad) shared by every shape; eps and size-1 dims recompile",
     "info": "compile_s (canonical compile + first call of a prepare that compiled; 0 when cached),"
-    " graphs_compiled, compile_key, compiled_on (the canonical shape the graph was compiled on)",
-    "ops": f"{OPS_VARIABLE} (default layer_norm,rms_norm,add_rms_norm; 'all' adds batch_norm, group_norm"
-    " and instance_norm, whose ci grids are ~136 and ~280 more inductor graphs)",
+    " graphs_compiled, compile_key, compiled_on (the canonical shape the graph was compiled on);"
+    " add ops with a half-precision stream: sum_normalized (rounded / exact / indistinguishable / mixed)"
+    " and sum_evidence, from the case's own y",
+    "ops": f"{OPS_VARIABLE} (default layer_norm,rms_norm,add_rms_norm,add_layer_norm; 'all' adds"
+    " batch_norm, group_norm and instance_norm, whose ci grids are ~136 and ~280 more inductor graphs)",
 }
+# The share of the rows' telling elements (where the two sums' y round apart) one sum must explain.
+SUM_MAJORITY = 0.9
 
 
 def _layer_norm(x: torch.Tensor, weight: Any, bias: Any, eps: float, ndim: int) -> torch.Tensor:
@@ -63,12 +75,46 @@ def _rms_norm(x: torch.Tensor, weight: Any, eps: float, ndim: int) -> torch.Tens
     return F.rms_norm(x, x.shape[x.dim() - ndim :], weight, eps)
 
 
-def _add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: Any, eps: float, ndim: int
+def _residual_sum(
+    x: torch.Tensor, residual: torch.Tensor, stream: torch.dtype, wide: torch.dtype | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # One graph: inductor fuses the residual add into the normalization (the fused variant).
-    h = x + residual
-    return F.rms_norm(h, h.shape[h.dim() - ndim :], weight, eps), h
+    """(what the norm reads, residual_out): the stored sum for both, or with ``wide`` the sum formed
+    in that dtype, rounded to the stream dtype only for residual_out (see _torch_common.Residual)."""
+    if wide is None:
+        stored = (x + residual).to(stream)
+        return stored, stored
+    total = x.to(wide) + residual.to(wide)
+    return total, total.to(stream)
+
+
+def _add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Any,
+    eps: float,
+    ndim: int,
+    stream: torch.dtype,
+    wide: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # One graph: inductor fuses the residual add into the normalization (the fused variant). y in the
+    # activation dtype: a float32 stream or sum (or float32 parameters) makes the norm's result float32.
+    h, stored = _residual_sum(x, residual, stream, wide)
+    return F.rms_norm(h, h.shape[h.dim() - ndim :], weight, eps).to(x.dtype), stored
+
+
+def _add_layer_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: Any,
+    bias: Any,
+    eps: float,
+    ndim: int,
+    stream: torch.dtype,
+    wide: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # As _add_rms_norm, with nn.LayerNorm's F.layer_norm.
+    h, stored = _residual_sum(x, residual, stream, wide)
+    return F.layer_norm(h, h.shape[h.dim() - ndim :], weight, bias, eps).to(x.dtype), stored
 
 
 def _batch_norm(
@@ -99,6 +145,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "layer_norm": _layer_norm,
     "rms_norm": _rms_norm,
     "add_rms_norm": _add_rms_norm,
+    "add_layer_norm": _add_layer_norm,
     "batch_norm": _batch_norm,
     "group_norm": _group_norm,
     "instance_norm": _instance_norm,
@@ -156,10 +203,11 @@ def _cache_dir() -> str:
 
 
 def _signature(t: common.Tensors) -> str:
-    """dtype (or '-') and requires_grad of every tensor argument, plus the rank of x."""
+    """dtype (or '-') of every tensor argument, plus the rank of x."""
     parts = [f"rank{t.x.dim()}"]
-    for name in ("x", "weight", "bias", "running_mean", "running_var"):
-        value = getattr(t, name)
+    tensors = t.given()
+    for name in ("x", "residual", "weight", "bias", "running_mean", "running_var"):
+        value = tensors.get(name)
         parts.append(f"{name}:{'-' if value is None else str(value.dtype).removeprefix('torch.')}")
     return ",".join(parts)
 
@@ -178,10 +226,13 @@ def _row_forward(case: Case, t: common.Tensors, fn: Callable[..., Any]) -> commo
     if case.op == "rms_norm":
         return lambda: fn(t.x, t.weight, case.eps, case.norm_ndim)
     residual = t.residual
-    assert residual is not None, "add_rms_norm inputs lack the residual"
+    assert residual is not None, f"{case.op} inputs lack the residual"
+    wide = common.norm_dtype(t.x.dtype, residual.stream, exact=True) if residual.exact else None
+    params = (t.weight,) if case.op == "add_rms_norm" else (t.weight, t.bias)
+    args = (t.x, residual.residual, *params, case.eps, case.norm_ndim, residual.stream, wide)
 
     def add_forward() -> torch.Tensor:
-        y, residual.last = fn(t.x, residual.residual, t.weight, case.eps, case.norm_ndim)
+        y, residual.last = fn(*args)
         return y  # type: ignore[no-any-return]
 
     return add_forward
@@ -241,6 +292,34 @@ def _eager(case: Case, t: common.Tensors) -> common.TorchPrepared:
     return _build(case, t, FUNCTIONS[case.op])
 
 
+def sum_read(case: Case, inputs: Inputs, y: np.ndarray) -> dict[str, str | int | float | bool]:
+    """Which sum an add op's graph normalized, read from the case's own y: where the oracle's y for the
+    stored sum and for the unrounded sum round to different values of the activation dtype, how many of
+    the graph's values are each one's. Only for a half-precision stream (a float32 stream stores the
+    sum it normalizes, so the two agree); {} otherwise."""
+    if case.op not in ADD_OPS or case.stream_dtype not in ("float16", "bfloat16"):
+        return {}
+    given = {k: v for k, v in inputs.items() if k not in ("dy", "dresidual_out")}
+    sums = {
+        name: round_to(
+            oracle.evaluate(dataclasses.replace(case, norm_input=name), given, grad=False)["y"], case.dtype
+        )
+        for name in NORM_INPUTS
+    }
+    rounded, exact = (sums[name].astype(np.float64) for name in NORM_INPUTS)
+    telling = rounded != exact  # NaN never tells: it compares unequal to itself in both
+    telling &= ~(np.isnan(rounded) | np.isnan(exact))
+    actual = np.asarray(y).astype(np.float64)[telling]
+    agree = {name: int(np.sum(actual == sums[name].astype(np.float64)[telling])) for name in NORM_INPUTS}
+    count = int(telling.sum())
+    evidence = ", ".join(f"{name} {n}/{count}" for name, n in agree.items())
+    if not count:
+        return {"sum_normalized": "indistinguishable", "sum_evidence": evidence}
+    best = max(agree, key=lambda name: agree[name])
+    answer = best if agree[best] >= SUM_MAJORITY * count else "mixed"
+    return {"sum_normalized": answer, "sum_evidence": evidence}
+
+
 class CompiledPrepared:
     """A prepared torch case on a compiled function, warmed up (compiled) once at prepare time."""
 
@@ -248,6 +327,7 @@ class CompiledPrepared:
         self._inner = inner
         self._key = key
         self._compile: dict[str, str | int | float | bool] = {}
+        self.read: dict[str, str | int | float | bool] = {}  # sum_read's answer, for the add ops
 
     def warm_up(self, canonical: common.TorchPrepared | None, compiled_on: str) -> None:
         """The canonical case's call (when its graph is not compiled yet), then this case's first."""
@@ -281,16 +361,20 @@ class CompiledPrepared:
     def outputs(self) -> Outputs:
         return self._inner.outputs()
 
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return self._inner.buffers()
+
     def info(self) -> dict[str, str | int | float | bool]:
-        return {**self._inner.info(), **self._compile, "dynamic": True, "fullgraph": True}
+        return {**self._inner.info(), **self._compile, **self.read, "dynamic": True, "fullgraph": True}
 
 
 def _tensors(case: Case, inputs: Inputs, grad: bool) -> common.Tensors:
-    """The case's tensors, with Gemma's 1 + w formed as torch-nn's adapter forms it."""
+    """The case's tensors, with Gemma's 1 + w formed and an add op's parameters widened to what its norm
+    reads, as torch-nn's adapter does."""
     weight = None
     if case.weight_offset:
         weight = offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype)
-    return common.load(case, inputs, grad=grad, weight=weight)
+    return common.norm_params(common.load(case, inputs, grad=grad, weight=weight))
 
 
 def declared_ops() -> frozenset[str]:
@@ -342,6 +426,7 @@ class TorchCompile:
         # each gets its own compiled function and canonical compile.
         extra = f"|layout={case.layout}" if case.op in GROUP_OPS else ""
         extra = f"|groups={case.groups}{extra}" if case.op == "group_norm" else extra
+        extra = f"|sum={case.norm_input}" if case.op in ADD_OPS else extra
         key = (case.op, _signature(t), grad, case.norm_ndim, case.training, extra)
         if key not in self._compiled:
             fresh = _fresh(FUNCTIONS[case.op], len(self._compiled))
@@ -362,6 +447,8 @@ class TorchCompile:
             self._warmed.add((canonical_case, grad))
         prepared = CompiledPrepared(_build(case, tensors, fn), key)
         prepared.warm_up(canonical, "x".join(map(str, canonical_case.shape)))
+        if case.op in ADD_OPS:
+            prepared.read = sum_read(case, inputs, prepared.outputs()["y"])
         return prepared
 
     def copy_kernel(self, nbytes: int) -> Prepared:

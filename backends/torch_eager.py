@@ -2,7 +2,9 @@
 
 LayerNorm and BatchNorm compute their statistics in the activation dtype, as the seeds write them;
 RMSNorm upcasts to float32 first. The suite is meant to show what that costs, so nothing is fixed here.
-GroupNorm and InstanceNorm (no seed) are written in torch ops with float32-or-wider statistics.
+GroupNorm and InstanceNorm (no seed) are written in torch ops with float32-or-wider statistics. The add
+ops compose x + residual (``_torch_common.Residual``) with the seed LayerNorm / RMSNorm, which then
+compute in the dtype of the sum they read: the stream dtype, or float32 for the exact sum.
 """
 
 from __future__ import annotations
@@ -269,7 +271,8 @@ def _prepared(
         return y
 
     wrt = common.gradient_targets(case, tensors.x, weight, bias)
-    prepared = common.TorchPrepared(forward, tensors, wrt, stats=stats)
+    own = {**common.module_tensors(module), "weight": weight, "bias": bias}
+    prepared = common.TorchPrepared(forward, tensors, wrt, stats=stats, computed_with=own)
     prepared.described.update(common.layout_info(case, tensors))
     return prepared
 
@@ -279,8 +282,9 @@ _BUILD: dict[str, Callable[[Case, common.Tensors, bool], common.TorchPrepared]] 
     "layer_norm": _layer_norm,
     "rms_norm": _rms_norm,
     "batch_norm": _batch_norm,
-    # The eager composition: x + residual in the activation dtype, then the seed RMSNorm.
+    # The eager compositions: x + residual as the case's convention asks, then the seed norm.
     "add_rms_norm": _rms_norm,
+    "add_layer_norm": _layer_norm,
     "group_norm": _group_norm,
     "instance_norm": _instance_norm,
 }
@@ -297,8 +301,11 @@ class TorchEager:
             frozenset(FEATURES),
             {
                 "statistics": "LayerNorm/BatchNorm in the activation dtype; RMSNorm, GroupNorm and"
-                " InstanceNorm in float32 or wider",
+                " InstanceNorm in float32 or wider; the add ops' in the dtype of the sum the norm reads",
                 "channels_last": common.LIBRARY_NOTES["channels_last"],
+                "residual_dtype": common.LIBRARY_NOTES["residual_dtype"],
+                "exact_sum": "the norm reads x.float() + residual.float() (float64 stays float64);"
+                " residual_out is that sum rounded to the stream dtype",
             },
         )
 

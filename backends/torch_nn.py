@@ -4,7 +4,9 @@ torch-functional (torch.nn.functional).
 Every constructor and call argument is explicit. Conventions torch lacks are translated exactly:
 Gemma's weight offset becomes the weight ``1 + w`` (``_torch_common.offset_scale``), and torch.nn's
 bias-without-weight gets a frozen weight of ones. torch.nn.InstanceNorm gets momentum as the case
-gives it, None included, so the suite sees what the module does with it.
+gives it, None included, so the suite sees what the module does with it. The add ops compose
+x + residual (``_torch_common.Residual``) with the library's LayerNorm / RMSNorm; where the norm reads a
+float32 sum beside half parameters, the parameters are widened exactly (``_torch_common.norm_params``).
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ _INSTANCE_NORMS: dict[int, type[nn.modules.instancenorm._InstanceNorm]] = {
 
 
 def _dtype(case: Case, tensors: common.Tensors) -> torch.dtype:
-    """The module's parameter dtype: the (possibly widened, see offset_scale) weight's, else param dtype."""
-    return tensors.weight.dtype if tensors.weight is not None else common.torch_dtype(case.weight_dtype)
+    """The module's parameter dtype: the (possibly widened, see offset_scale and norm_params) weight's or
+    bias's, else the param dtype."""
+    for param in (tensors.weight, tensors.bias):
+        if param is not None:
+            return param.dtype
+    return common.torch_dtype(case.weight_dtype)
 
 
 def _load_affine(weight: torch.Tensor | None, bias: torch.Tensor | None, tensors: common.Tensors) -> None:
@@ -139,12 +145,13 @@ def instance_norm_module(
     return module.train(case.training)
 
 
-# The module of each op (add_rms_norm: x + residual in the activation dtype, then nn.RMSNorm).
+# The module of each op (the add ops: x + residual as the case's convention asks, then the row norm).
 MODULES: dict[str, Callable[[Case, torch.dtype, torch.device], nn.Module]] = {
     "layer_norm": layer_norm_module,
     "rms_norm": rms_norm_module,
     "batch_norm": batch_norm_module,
     "add_rms_norm": rms_norm_module,
+    "add_layer_norm": layer_norm_module,
     "group_norm": group_norm_module,
     "instance_norm": instance_norm_module,
 }
@@ -202,7 +209,7 @@ def _prepared(
         y: torch.Tensor = module(tensors.input())
         return y
 
-    return common.library_prepared(case, tensors, forward, weight, bias, stats=stats)
+    return common.library_prepared(case, tensors, forward, weight, bias, stats=stats, module=module)
 
 
 # Each build takes default_eps: True leaves eps out, so torch's own default applies (fingerprint hook).
@@ -217,8 +224,9 @@ _NN: dict[str, EpsBuild] = {
     "layer_norm": _nn_layer_norm,
     "rms_norm": _nn_rms_norm,
     "batch_norm": _nn_batch_norm,
-    # add_rms_norm composed: x + residual in the activation dtype, then nn.RMSNorm.
+    # The add ops composed: x + residual as the case's convention asks, then nn.RMSNorm / nn.LayerNorm.
     "add_rms_norm": _nn_rms_norm,
+    "add_layer_norm": _nn_layer_norm,
     "group_norm": _nn_group_norm,
     "instance_norm": _nn_instance_norm,
 }
@@ -251,7 +259,7 @@ def _functional_layer_norm(case: Case, t: common.Tensors, default_eps: bool = Fa
     eps = _eps(case, default_eps)
 
     def forward() -> torch.Tensor:
-        return F.layer_norm(t.x, list(case.param_shape), weight=t.weight, bias=t.bias, **eps)
+        return F.layer_norm(t.input(), list(case.param_shape), weight=t.weight, bias=t.bias, **eps)
 
     return common.library_prepared(case, t, forward, t.weight, t.bias)
 
@@ -332,6 +340,7 @@ _FUNCTIONAL: dict[str, EpsBuild] = {
     "rms_norm": _functional_rms_norm,
     "batch_norm": _functional_batch_norm,
     "add_rms_norm": _functional_rms_norm,
+    "add_layer_norm": _functional_layer_norm,
     "group_norm": _functional_group_norm,
     "instance_norm": _functional_instance_norm,
 }

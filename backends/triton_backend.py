@@ -1,4 +1,5 @@
-"""triton: normconf's own fused Triton kernels (backends/triton_kernels), gradients by autograd.
+"""triton: normconf's own fused Triton kernels (backends/triton_kernels), gradients by autograd; and
+triton-inplace: the fused add + norm kernels in place, as inference engines run them.
 
 Runs natively on a CUDA device; without one, under the Triton interpreter on the CPU
 (``TRITON_INTERPRET=1``, set by ``mode.select()`` before Triton is imported). The mode is declared
@@ -12,11 +13,13 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any
 
-from backends.triton_kernels import blocks, mode
-from conformance.adapter.backend import BackendUnavailable, Capabilities, Inputs, Outputs
-from conformance.model.case import GROUP_OPS, Case
+import numpy as np
 
-OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm", "group_norm", "instance_norm"})
+from backends.triton_kernels import blocks, mode
+from conformance.adapter.backend import BackendUnavailable, Capabilities, Inputs, Outputs, Unsupported
+from conformance.model.case import ADD_OPS, GROUP_OPS, Case
+
+OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm", "group_norm", "instance_norm"})
 DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 # Trailing dims are flattened into one row, parameters of any dtype are upcast in the kernels;
 # InstanceNorm's training step and running statistics (momentum None as its first step) run in the
@@ -32,6 +35,8 @@ FEATURES = frozenset(
         "training",
         "momentum_none",
         "running_stats",
+        "residual_dtype",
+        "exact_sum",
     }
 )
 NOTES = {
@@ -45,7 +50,14 @@ NOTES = {
     "channels_last": "not supported: the GroupNorm kernels read each group as one contiguous run of "
     "memory; in channels_last a group is strided by C, and copying x to contiguous first would test "
     "the contiguous kernels, not a channels-last computation",
+    "residual": "add ops: x + residual formed in float32 (float64 for float64), stored once rounded to the "
+    "stream's dtype (residual's: the activation dtype, or float32); the norm reads it as stored or, "
+    "norm_input exact, the unrounded sum. Backward: dL/dh = the norm's backward of dy + dresidual_out",
+    "aliases": "dresidual is dx's tensor when the stream has the activation dtype (one store of dL/dh, "
+    "as autograd's own add hands one gradient to both); a float32 stream gets its own float32 buffer",
 }
+# With one dtype in the stream, x and residual receive the one dL/dh tensor.
+ALIASES = {"dresidual": "dx"}
 
 
 def _mode() -> mode.Mode:
@@ -70,7 +82,7 @@ class _Prepared:
         self.policy = functions.policy()
         self.t = {name: common.to_torch(value, self.device) for name, value in inputs.items()}
         if grad:
-            for name in ("x", "weight", "bias"):
+            for name in ("x", "residual", "weight", "bias"):
                 if name in self.t:
                     self.t[name].requires_grad_(True)
         self.results: dict[str, Any] = {}
@@ -95,14 +107,17 @@ class _Prepared:
     def _add_rms_norm(self) -> dict[str, Any]:
         c, t = self.case, self.t
         y, h = self._functions.add_rms_norm(
-            t["x"],
-            t["residual"],
-            c.param_shape,
-            t.get("weight"),
-            eps=c.eps,
-            weight_offset=c.weight_offset,
-            pol=self.policy,
-        )
+            t["x"], t["residual"], c.param_shape, t.get("weight"),
+            eps=c.eps, weight_offset=c.weight_offset, exact=c.norm_input == "exact", pol=self.policy,
+        )  # fmt: skip
+        return {"y": y, "residual_out": h}
+
+    def _add_layer_norm(self) -> dict[str, Any]:
+        c, t = self.case, self.t
+        y, h = self._functions.add_layer_norm(
+            t["x"], t["residual"], c.param_shape, t.get("weight"), t.get("bias"),
+            eps=c.eps, exact=c.norm_input == "exact", pol=self.policy,
+        )  # fmt: skip
         return {"y": y, "residual_out": h}
 
     def _group_norm(self) -> dict[str, Any]:
@@ -136,12 +151,15 @@ class _Prepared:
             with torch.no_grad():
                 self.results = self._forward()
             return
-        wrt = {"dx": self.t["x"]}
-        wrt.update({f"d{name}": self.t[name] for name in ("weight", "bias") if name in self.t})
+        wrt = {f"d{name}": self.t[name] for name in ("x", "residual", "weight", "bias") if name in self.t}
+        # The add ops' next layer reads both outputs: each brings its cotangent.
+        heads = {"y": "dy", "residual_out": "dresidual_out"} if self.case.op in ADD_OPS else {"y": "dy"}
         with torch.enable_grad():
             out = self._forward()
             # autograd.grad returns fresh gradients: nothing accumulates across calls.
-            grads = torch.autograd.grad(out["y"], list(wrt.values()), grad_outputs=self.t["dy"])
+            grads = torch.autograd.grad(
+                [out[name] for name in heads], list(wrt.values()), [self.t[d] for d in heads.values()]
+            )
         self.results = {k: v.detach() for k, v in out.items()} | dict(zip(wrt, grads, strict=True))
 
     def synchronize(self) -> None:
@@ -151,6 +169,12 @@ class _Prepared:
         if not self.results:
             raise RuntimeError("outputs() was asked for before the first call of the prepared case")
         return {name: self._common.to_numpy(value) for name, value in self.results.items()}
+
+    def buffers(self) -> Mapping[str, Any]:
+        """The tensors the kernels read and write (the aliasing check's evidence): the device copies
+        of the inputs and, after a call, the outputs as computed (dx and dresidual one tensor where
+        the stream has the activation dtype, declared in ALIASES)."""
+        return {**self.t, **self.results}
 
     def info(self) -> Mapping[str, str | int | bool]:
         case = self.case
@@ -176,9 +200,31 @@ _FORWARDS: dict[str, Callable[[_Prepared], dict[str, Any]]] = {
     "layer_norm": _Prepared._layer_norm,
     "rms_norm": _Prepared._rms_norm,
     "add_rms_norm": _Prepared._add_rms_norm,
+    "add_layer_norm": _Prepared._add_layer_norm,
     "group_norm": _Prepared._group_norm,
     "instance_norm": _Prepared._instance_norm,
 }
+
+
+def _capabilities(
+    ops: frozenset[str], features: frozenset[str], notes: Mapping[str, str], aliases: Mapping[str, str]
+) -> Capabilities:
+    run = _mode()
+    import torch
+
+    from backends import _torch_common as common
+
+    dev = torch.device(run.device)
+    label = common.device_name(dev) + (" (Triton interpreter)" if run.interpreted else "")
+    return Capabilities(
+        ops=ops,
+        dtypes=DTYPES,
+        features=features,
+        device=run.device,
+        device_name=label,
+        notes={"triton": metadata.version("triton"), "mode": f"{run.name}: {run.why}", **notes},
+        aliases=aliases,
+    )
 
 
 class TritonBackend:
@@ -187,21 +233,125 @@ class TritonBackend:
     name = "triton"
 
     def capabilities(self) -> Capabilities:
-        run = _mode()
-        import torch
-
-        from backends import _torch_common as common
-
-        dev = torch.device(run.device)
-        label = common.device_name(dev) + (" (Triton interpreter)" if run.interpreted else "")
-        return Capabilities(
-            ops=OPS,
-            dtypes=DTYPES,
-            features=FEATURES,
-            device=run.device,
-            device_name=label,
-            notes={"triton": metadata.version("triton"), "mode": f"{run.name}: {run.why}", **NOTES},
-        )
+        return _capabilities(OPS, FEATURES, NOTES, ALIASES)
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> _Prepared:
         return _Prepared(case, inputs, grad, _mode())
+
+
+# ----------------------------------------------------------------------------- triton-inplace
+
+IN_PLACE_FEATURES = frozenset(
+    {"weight_offset", "no_weight", "no_bias", "multi_axis", "param_dtype", "exact_sum"}
+)
+IN_PLACE_NOTES = {
+    "in_place": "y is written into x's buffer and residual_out into residual's (vLLM's fused_add_rms_norm "
+    "contract); on the CPU those are the very arrays handed to prepare(), on a GPU their device copies. "
+    "Each call first restores both from pristine copies, so calls repeat (and benchmarks time that copy "
+    "too)",
+    "residual_dtype": "not declared: the in-place contract keeps one dtype for x, y and the residual "
+    "stream (residual_out overwrites residual); the kernels themselves would take a float32 stream",
+    "backward": "not declared: an in-place inference kernel; the inputs autograd would need are overwritten",
+    **{k: NOTES[k] for k in ("statistics", "rows", "residual")},
+}
+IN_PLACE_ALIASES = {"y": "x", "residual_out": "residual"}
+
+
+def _shared(array: np.ndarray, device: Any) -> Any:
+    """The tensor the in-place kernel writes: on the CPU a view of the caller's own array (bfloat16
+    through int16: torch.from_numpy knows no ml_dtypes), on a GPU a device copy."""
+    import ml_dtypes
+    import torch
+
+    from backends import _torch_common as common
+
+    if device.type != "cpu":
+        return common.to_torch(array, device)
+    if not (array.flags.writeable and array.flags.c_contiguous):
+        raise Unsupported("the in-place kernel writes x and residual: they must be writable, C-contiguous")
+    if array.dtype == np.dtype(ml_dtypes.bfloat16):
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+class _InPlacePrepared:
+    """One add + norm case whose call overwrites x with y and residual with residual_out."""
+
+    def __init__(self, case: Case, inputs: Inputs, run: mode.Mode) -> None:
+        import torch
+
+        from backends import _torch_common as common
+        from backends.triton_kernels import functions
+
+        self._common, self._functions = common, functions
+        self.case, self.mode = case, run
+        self.device = torch.device(run.device)
+        self.policy = functions.policy()
+        self.t = {name: _shared(inputs[name], self.device) for name in ("x", "residual")}
+        self.params = {
+            name: common.to_torch(inputs[name], self.device) for name in ("weight", "bias") if name in inputs
+        }
+        self.pristine = {name: tensor.clone() for name, tensor in self.t.items()}
+        self.called = False
+
+    def _add_rms_norm(self) -> None:
+        c, t = self.case, self.t
+        self._functions.add_rms_norm_(
+            t["x"], t["residual"], c.param_shape, self.params.get("weight"),
+            eps=c.eps, weight_offset=c.weight_offset, exact=c.norm_input == "exact", pol=self.policy,
+        )  # fmt: skip
+
+    def _add_layer_norm(self) -> None:
+        c, t, p = self.case, self.t, self.params
+        self._functions.add_layer_norm_(
+            t["x"], t["residual"], c.param_shape, p.get("weight"), p.get("bias"),
+            eps=c.eps, exact=c.norm_input == "exact", pol=self.policy,
+        )  # fmt: skip
+
+    def restore(self) -> None:
+        """The previous call overwrote x and residual: put the inputs as given back."""
+        for name, tensor in self.t.items():
+            tensor.copy_(self.pristine[name])
+
+    def __call__(self) -> None:
+        self.restore()
+        _IN_PLACE[self.case.op](self)
+        self.called = True
+
+    def synchronize(self) -> None:
+        self._common.synchronize(self.device)
+
+    def outputs(self) -> Outputs:
+        if not self.called:
+            raise RuntimeError("outputs() was asked for before the first call of the prepared case")
+        to_numpy = self._common.to_numpy
+        return {"y": to_numpy(self.t["x"]), "residual_out": to_numpy(self.t["residual"])}
+
+    def buffers(self) -> Mapping[str, Any]:
+        """The buffers the kernel reads and writes: y is x's, residual_out is residual's."""
+        return {**self.t, **self.params, "y": self.t["x"], "residual_out": self.t["residual"]}
+
+    def info(self) -> Mapping[str, str | int | bool]:
+        n_rows, n_cols = self.case.rows, math.prod(self.case.param_shape)
+        details: dict[str, str | int | bool] = {"mode": self.mode.name, "triton": metadata.version("triton")}
+        details.update(blocks.forward(n_rows, n_cols, self.policy).info("forward"))
+        return details
+
+
+_IN_PLACE: dict[str, Callable[[_InPlacePrepared], None]] = {
+    "add_rms_norm": _InPlacePrepared._add_rms_norm,
+    "add_layer_norm": _InPlacePrepared._add_layer_norm,
+}
+
+
+class TritonInPlaceBackend:
+    """The fused add + norm kernels writing y into x and residual_out into residual, forward only."""
+
+    name = "triton-inplace"
+    prepared = _InPlacePrepared
+
+    def capabilities(self) -> Capabilities:
+        return _capabilities(frozenset(_IN_PLACE), IN_PLACE_FEATURES, IN_PLACE_NOTES, IN_PLACE_ALIASES)
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> _InPlacePrepared:
+        return self.prepared(case, inputs, _mode())

@@ -244,7 +244,7 @@ def _deviation_row(index: int, entry: LedgerEntry | None, stats: _Seen | None) -
         return DeviationRow(index, (), "", "(entry not available)", "", xfailed, xpassed, measured, op)
     match = tuple(
         (k, ", ".join(v) if k != "case" else f"{len(v)} case pattern(s)") for k, v in entry.match.items()
-    )
+    ) + tuple((f"info.{k}", ", ".join(v)) for k, v in entry.info.items())
     entry_ops = entry.match.get("op", ())
     return DeviationRow(
         index,

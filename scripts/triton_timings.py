@@ -1,17 +1,20 @@
-"""Forward and forward+backward timings of the triton backend and a baseline, with GB/s.
+"""Forward and forward+backward timings of the triton backends and a baseline, with GB/s.
 
 Usage: python scripts/triton_timings.py --out DIR [--shapes 4096x4096,4096x8192] [--dtypes bfloat16,float16]
            [--group-shapes 2x320x32x32,4x64x64x64] [--groups 32] [--ops layer_norm,group_norm,...]
-           [--backends triton,torch-functional] [--reps 20]
+           [--backends triton,triton-inplace,torch-functional] [--reps 20]
 
 Same cases and ``prepare()`` as the conformance run; only ``call(); synchronize()`` is timed. On a GPU
 each repetition is timed with CUDA events after a 256 MiB write that evicts x, dy and the outputs from
 L2, so the figures are HBM figures. Byte model (activations only): forward LN/RMS/GN/IN read x and write
-y, add_rms_norm moves 4 tensors; the backward call runs forward and backward, adding read x, dy and
-write dx. ``roofline`` is GB/s over a device-to-device copy measured in the same run. ``--shapes`` are
-(rows x columns) for the row ops, ``--group-shapes`` (N x C x spatial...) for GroupNorm (``--groups``
-groups) and InstanceNorm (instance statistics). A backend that does not support a case is left out of
-the table with its reason printed.
+y, the add ops move 4 tensors (x, residual in; y, residual_out out); the backward call runs forward and
+backward, adding read x (for the add ops the saved sum), dy, the add ops' dresidual_out, and write dx
+(dresidual is dx's tensor when the stream has x's dtype). triton-inplace's timed call also restores x and
+residual from pristine copies (4 more tensor moves, not counted). ``roofline`` is GB/s over a
+device-to-device copy measured in the same run. ``--shapes`` are (rows x columns) for the row ops,
+``--group-shapes`` (N x C x spatial...) for GroupNorm (``--groups`` groups) and InstanceNorm (instance
+statistics). A backend that does not support a case (or is not registered) is left out of the table
+with its reason printed.
 """
 
 from __future__ import annotations
@@ -29,18 +32,20 @@ import torch
 
 from conformance import Case, Unsupported
 from conformance.adapter import registry
+from conformance.model.case import ADD_OPS
 from conformance.model.dtypes import numpy_dtype
-from conformance.model.inputs import make_inputs
+from conformance.model.inputs import COTANGENTS, make_inputs
 
-ROW_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
+ROW_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm")
 GROUP_OPS = ("group_norm", "instance_norm")
 EPS = {"rms_norm": 1e-6, "add_rms_norm": 1e-6}  # the others: 1e-5
 
 
 def activation_bytes(case: Case, grad: bool) -> int:
     per_tensor = math.prod(case.shape) * numpy_dtype(case.dtype).itemsize
-    forward = 4 if case.op == "add_rms_norm" else 2
-    return per_tensor * (forward + (3 if grad else 0))
+    add = case.op in ADD_OPS
+    forward, backward = (4, 4) if add else (2, 3)
+    return per_tensor * (forward + (backward if grad else 0))
 
 
 class Clock:
@@ -58,7 +63,9 @@ class Clock:
         for _ in range(reps):
             if self.scrub is not None:
                 self.scrub.zero_()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                # torch's stubs leave Event's constructor untyped.
+                start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 start.record()
                 fn()
                 end.record()
@@ -76,17 +83,25 @@ def copy_gbps(clock: Clock) -> float:
     n = (1 << 30) // 4 if clock.device.type == "cuda" else (64 << 20) // 4
     src = torch.ones(n, dtype=torch.float32, device=clock.device)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = min(clock.time_ms(lambda: dst.copy_(src), 10))
+
+    def copy() -> None:
+        dst.copy_(src)
+
+    copy()
+    best = min(clock.time_ms(copy, 10))
     return 2 * n * 4 / best / 1e6
 
 
 def measure(
     name: str, case: Case, inputs: dict[str, Any], grad: bool, clock: Clock, reps: int
 ) -> dict[str, Any] | None:
-    backend = registry.entries()[name].load()
-    given = inputs if grad else {k: v for k, v in inputs.items() if k != "dy"}
-    why = backend.capabilities().why_not(case)
+    entries = registry.entries()
+    if name not in entries:
+        print(f"{name:18} {case.id}: left out (not registered)", flush=True)
+        return None
+    backend = entries[name].load()
+    given = inputs if grad else {k: v for k, v in inputs.items() if k not in COTANGENTS}
+    why = backend.capabilities().why_not(case, grad=grad)
     if why is None:
         try:
             prepared = backend.prepare(case, given, grad=grad)
@@ -105,7 +120,7 @@ def measure(
     times = clock.time_ms(call, reps)
     median = statistics.median(times)
     size = activation_bytes(case, grad)
-    info = getattr(prepared, "info", dict)()
+    info: dict[str, Any] = dict(getattr(prepared, "info", dict)())
     return {
         "backend": name,
         "case_id": case.id,
@@ -144,7 +159,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=32)
     parser.add_argument("--ops", default=",".join(ROW_OPS + GROUP_OPS))
     parser.add_argument("--dtypes", default="bfloat16,float16")
-    parser.add_argument("--backends", default="triton,torch-functional")
+    parser.add_argument("--backends", default="triton,triton-inplace,torch-functional")
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
     names = args.backends.split(",")

@@ -16,7 +16,7 @@ import numpy as np
 import conformance
 from conformance import oracle
 from conformance.adapter.backend import FEATURES, Capabilities
-from conformance.model.case import GROUP_OPS, OPS, Case
+from conformance.model.case import ADD_OPS, GROUP_OPS, OPS, Case
 from conformance.model.dtypes import numpy_dtype, round_to, stats_dtype
 from conformance.model.geometry import geometry
 from conformance.model.outputs import output_dtype, produced
@@ -100,10 +100,12 @@ class NumpyFake:
         w = self.work(case)
         out: dict[str, F] = {}
         x = inputs["x"].astype(w)
-        if case.op == "add_rms_norm":
-            # The residual stream is stored in the activation dtype, then normalized.
-            out["residual_out"] = (inputs["x"] + inputs["residual"]).astype(inputs["x"].dtype)
-            x = out["residual_out"].astype(w)
+        if case.op in ADD_OPS:
+            # The sum in the working precision, stored in the stream's dtype; the norm reads the stored
+            # value or (norm_input "exact") the working-precision sum.
+            total = x + inputs["residual"].astype(w)
+            out["residual_out"] = total.astype(numpy_dtype(case.stream_dtype))
+            x = out["residual_out"].astype(w) if case.norm_input == "rounded" else total
         axes = self.axes(case, x)
         p = self._params(case, inputs, x.ndim, w)
         if case.op in ("rms_norm", "add_rms_norm"):
@@ -118,11 +120,14 @@ class NumpyFake:
             xhat = (x - mean) * rstd
             scale = p["weight"] if case.weight else np.ones((), w)
             out["y"] = self.add_bias(xhat * scale, p["bias"]) if case.bias else xhat * scale
-            batch_stats = case.op == "layer_norm" or case.training
+            batch_stats = case.op in ("layer_norm", "add_layer_norm") or case.training
             g_dx = (lambda g: self.ln_dx(g, xhat, rstd, axes)) if batch_stats else (lambda g: g * rstd)
         if grad:
             dy = inputs["dy"].astype(w)
             out["dx"] = g_dx(dy * scale)
+            if case.op in ADD_OPS:
+                out["dx"] = out["dx"] + inputs["dresidual_out"].astype(w)
+                out["dresidual"] = out["dx"]
             # Parameter gradients reduce over every axis the parameters broadcast along.
             true_axes = NumpyFake.axes(self, case, x)
             param_axes = true_axes if case.op == "batch_norm" else tuple(range(x.ndim - case.norm_ndim))
@@ -196,9 +201,7 @@ class NumpyFake:
         return mean, var
 
     def _rounded(self, case: Case, out: dict[str, F]) -> dict[str, F]:
-        act, par = numpy_dtype(case.dtype), numpy_dtype(case.weight_dtype)
-        act_outputs = ("y", "dx", "residual_out")
-        return {k: np.ascontiguousarray(v.astype(act if k in act_outputs else par)) for k, v in out.items()}
+        return {k: np.ascontiguousarray(v.astype(numpy_dtype(output_dtype(case, k)))) for k, v in out.items()}
 
 
 conformance.register("fake-numpy")(NumpyFake)

@@ -8,17 +8,21 @@ same real ONNX graphs as the onnxruntime adapter and gets one translation wrong:
 - ``fake-onnx-stash`` gives GroupNormalization-21 stash_type FLOAT16, so x is rounded to float16 and the
   statistics kept there: the forward check must catch it on float32 cases;
 - ``fake-onnx-group-affine`` feeds PyTorch's per-channel weight and bias untranslated to
-  GroupNormalization-18, which takes one per group: right only where each group is one channel.
+  GroupNormalization-18, which takes one per group: right only where each group is one channel;
+- ``fake-onnx-exact-sum`` normalizes the add ops' unrounded float32 sum for every case: the forward
+  check must catch it on the default convention's half offset rows.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import onnx
 
 import conformance
 from backends.onnx_graphs import OnnxRuntime, Plan, scale_dtype
-from conformance.adapter.backend import Inputs
-from conformance.model.case import Case
+from conformance.adapter.backend import Inputs, Prepared
+from conformance.model.case import ADD_OPS, Case
 
 
 @conformance.register("fake-onnx-momentum")
@@ -51,3 +55,16 @@ class GroupAffineUntranslated(OnnxRuntime):
         if case.op != "group_norm":
             return super().plan(case, inputs)
         return Plan(scale_dtype(case, inputs), 18, "per_channel")
+
+
+@conformance.register("fake-onnx-exact-sum")
+class ExactSumAlways(OnnxRuntime):
+    """The add ops' norm reads the unrounded float32 sum whatever the case's norm_input asks (what ORT's
+    fused SkipLayerNormalization kernels do for half inputs)."""
+
+    name = "fake-onnx-exact-sum"
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
+        if case.op in ADD_OPS:
+            case = dataclasses.replace(case, norm_input="exact")
+        return super().prepare(case, inputs, grad=grad)

@@ -11,10 +11,15 @@ Loaded into a conformance run with ``-p normconf_triton_fakes`` (tests/ on PYTHO
   when G = C), and dweight reduced with the group left out of the channel mapping (the per-(sample,
   channel) sums viewed as rows of C/G channels, so channel k of every group adds into one value;
   exact only when G = 1).
+- The triton-inplace backend (y into x's buffer, residual_out into residual's) under a fake's name,
+  and three ways to get its in-place contract wrong while returning right values: the residual buffer
+  written but not declared; declared but left holding a stale value (x); the pristine inputs not
+  restored before a call, so a second call starts from the first one's outputs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -31,6 +36,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from backends import _torch_common as common  # noqa: E402
+from backends.triton_backend import TritonInPlaceBackend  # noqa: E402
 from backends.triton_kernels import functions as F  # noqa: E402
 from backends.triton_kernels.group_norm import channel_sums, group_norm_fwd  # noqa: E402
 from backends.triton_kernels.reduce import column_sum  # noqa: E402
@@ -206,3 +212,64 @@ class GroupBlindDweight(GroupNormKernels):
 
     name = "fake-triton-gn-group-dweight"
     broken = "group_dweight"
+
+
+@conformance.register("fake-triton-inplace")
+class InPlaceKernels(TritonInPlaceBackend):
+    """triton-inplace itself (its own name belongs to its entry point): the control build."""
+
+    name = "fake-triton-inplace"
+
+
+@conformance.register("fake-triton-inplace-undeclared")
+class InPlaceUndeclared(InPlaceKernels):
+    """The same kernels writing residual_out into residual's buffer, declaring only y -> x."""
+
+    name = "fake-triton-inplace-undeclared"
+
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities(), aliases={"y": "x"})
+
+
+class _StaleCommit(TritonInPlaceBackend.prepared):
+    """Computes out of place, returns those (right) outputs, then copies them into the buffers from the
+    wrong tensor: residual's buffer receives x as it was before the call, not residual_out."""
+
+    def __call__(self) -> None:
+        self.restore()
+        c, p, x, residual = self.case, self.params, self.t["x"], self.t["residual"]
+        exact = c.norm_input == "exact"
+        w, b = p.get("weight"), p.get("bias")
+        if c.op == "add_rms_norm":
+            offset = c.weight_offset
+            y, h = F.add_rms_norm(x, residual, c.param_shape, w, eps=c.eps, weight_offset=offset, exact=exact)
+        else:
+            y, h = F.add_layer_norm(x, residual, c.param_shape, w, b, eps=c.eps, exact=exact)
+        residual.copy_(x)  # the bug: a stale value in the declared buffer
+        x.copy_(y)
+        self.returned = {"y": y, "residual_out": h}
+        self.called = True
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        return {name: common.to_numpy(value) for name, value in self.returned.items()}
+
+
+@conformance.register("fake-triton-inplace-stale")
+class InPlaceStale(InPlaceKernels):
+    """Declares both buffers; residual's is left holding x."""
+
+    name = "fake-triton-inplace-stale"
+    prepared = _StaleCommit
+
+
+class _NoRestore(TritonInPlaceBackend.prepared):
+    def restore(self) -> None:
+        pass  # the bug: the next call reads the previous call's y and residual_out as its inputs
+
+
+@conformance.register("fake-triton-inplace-no-restore")
+class InPlaceNoRestore(InPlaceKernels):
+    """Right and declared, but never puts the inputs back: only the first call is right."""
+
+    name = "fake-triton-inplace-no-restore"
+    prepared = _NoRestore

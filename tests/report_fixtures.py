@@ -110,7 +110,7 @@ def result(
     return record if schema == 1 else {**record, "summary": summary_of(reason)}
 
 
-CHECKS = ["forward", "backward", "training", "inputs_unchanged", "determinism"]
+CHECKS = ["forward", "backward", "training", "inputs_unchanged", "aliasing", "determinism"]
 
 
 def header(schema: int = SCHEMA_VERSION, **extra: Any) -> dict[str, Any]:

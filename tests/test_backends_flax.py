@@ -1,7 +1,8 @@
 """The flax adapter: its translations (momentum 1 - m, eps, axes, dtypes, Gemma offset, GroupNorm's
 channels-last transpose), the defaults it keeps on purpose (use_fast_variance, Flax's own eps), what it
-leaves out (InstanceNorm's running statistics, torch's channels_last layout), and agreement of small
-cases with the oracle."""
+leaves out (InstanceNorm's running statistics, torch's channels_last layout), the fused residual add
+(its conventions, the backward through both outputs, its buffers, XLA's unrounded sum), and agreement
+of small cases with the oracle."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import numpy as np
 import pytest
 
 from conformance import oracle
+from conformance.adapter import memory
 from conformance.adapter.backend import Unsupported
+from conformance.fingerprint import cases as fingerprint_cases
 from conformance.judging import tolerances
 from conformance.judging.verdict import compare_outputs
 from conformance.model.case import Case
@@ -23,6 +26,7 @@ pytest.importorskip("flax")
 jc = pytest.importorskip("backends._jax_common")
 flax_linen = pytest.importorskip("backends.flax_linen")
 nn = pytest.importorskip("flax.linen")
+jnp = pytest.importorskip("jax.numpy")
 
 BACKEND = flax_linen.FlaxLinen()
 
@@ -93,7 +97,15 @@ def _op_case(op: str, eps: float) -> Case:
     return Case(op, (4, 24), "float32", eps)
 
 
-ALL_OPS = ["layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"]
+ALL_OPS = [
+    "layer_norm",
+    "rms_norm",
+    "batch_norm",
+    "add_rms_norm",
+    "add_layer_norm",
+    "group_norm",
+    "instance_norm",
+]
 
 
 @pytest.mark.parametrize("op", ALL_OPS)
@@ -112,6 +124,7 @@ def test_default_eps_hook_leaves_flax_default(op: str) -> None:
         "layer_norm": nn.LayerNorm,
         "rms_norm": nn.RMSNorm,
         "add_rms_norm": nn.RMSNorm,
+        "add_layer_norm": nn.LayerNorm,
         "group_norm": nn.GroupNorm,
         "instance_norm": nn.InstanceNorm,
     }.get(op, nn.BatchNorm)
@@ -203,7 +216,7 @@ def test_group_statistics_are_one_pass_by_flax_default(op: str) -> None:
     module = flax_linen.MODULES[op](spec).clone(use_fast_variance=False)
     step = flax_linen.forward_fn(spec, module)
     loaded = flax_linen.load(case, spec, inputs, flax_linen.scale(case, inputs))
-    y, _ = step(loaded.params, loaded.stats, loaded.x, None)
+    (y,), _ = step(loaded.params, loaded.stats, loaded.x, None)
     (two_pass,) = compare_outputs(case, inputs, expected, {"y": np.asarray(y)}, ("y",), table)
     assert two_pass.passed, two_pass.worst_ratio
 
@@ -272,9 +285,18 @@ def test_float64_runs_in_float64() -> None:
 
 def test_capabilities() -> None:
     caps = BACKEND.capabilities()
-    assert caps.ops == {"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"}
+    assert caps.ops == {
+        "layer_norm",
+        "rms_norm",
+        "batch_norm",
+        "add_rms_norm",
+        "add_layer_norm",
+        "group_norm",
+        "instance_norm",
+    }
     assert caps.dtypes == {"float64", "float32", "float16", "bfloat16"}
     assert {"backward", "training", "weight_offset", "no_weight", "no_bias", "multi_axis"} <= caps.features
+    assert {"residual_dtype", "exact_sum"} <= caps.features and not caps.aliases
     assert caps.notes["flax"] and caps.notes["jax"] and "use_fast_variance" in caps.notes
 
 
@@ -326,6 +348,104 @@ def test_bfloat16_round_trip_is_bit_exact_and_copies() -> None:
     assert host[0] == 0
 
 
+# --- the fused residual add -----------------------------------------------------------------------
+
+BF16 = jc.jax_dtype("bfloat16")
+
+
+@pytest.mark.parametrize(
+    ("stream", "exact", "stored", "read"),
+    [
+        ("bfloat16", False, 1.0, 1.0),  # rounded once to bfloat16, and normalized as stored
+        ("bfloat16", True, 1.0, 1.0 + 2.0**-10),  # stored rounded, normalized unrounded (float32)
+        ("float32", False, 1.0 + 2.0**-10, 1.0 + 2.0**-10),  # residual in float32: h in float32
+    ],
+)
+def test_residual_sum_stores_the_stream_dtype_and_feeds_the_norm_the_convention(
+    stream: str, exact: bool, stored: float, read: float
+) -> None:
+    # 1 + 2^-10 needs 10 significand bits: bfloat16 (7) rounds it to 1, float32 holds it.
+    x = jnp.ones((2,), BF16)
+    residual = jnp.full((2,), 2.0**-10, jc.jax_dtype(stream))
+    out, normed = jc.residual_sum(x, residual, stream, exact=exact)
+    assert out.dtype == jc.jax_dtype(stream)
+    assert normed.dtype == (jnp.float32 if exact or stream == "float32" else BF16)
+    assert np.asarray(out, np.float64).tolist() == [stored, stored]
+    assert np.asarray(normed, np.float64).tolist() == [read, read]
+
+
+def test_layer_norm_of_a_float32_sum_computes_in_float32_and_rounds_only_y() -> None:
+    """Why residual_dtype needs no cast before the module: linen.LayerNorm(dtype=bfloat16) given float32
+    h normalizes h itself in float32 (dtype is the result's), bit for bit the float32 module's y rounded
+    once; h rounded to bfloat16 first would give other values."""
+    case = Case("add_layer_norm", (4, 24), "bfloat16", 1e-5, residual_dtype="float32")
+    inputs = make_inputs(case, grad=False)
+    module = flax_linen.layer_norm_module(_spec(case))
+    variables = {"params": {"scale": inputs["weight"], "bias": inputs["bias"]}}
+    h32 = inputs["x"].astype(np.float32) + inputs["residual"]
+    y = np.asarray(module.apply(variables, h32))
+    wide = np.asarray(module.clone(dtype=jnp.float32).apply(variables, h32))
+    assert y.dtype == BF16 and y.tobytes() == wide.astype(BF16).tobytes()
+    rounded_first = np.asarray(module.apply(variables, h32.astype(BF16)))
+    assert not np.array_equal(y, rounded_first)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case("add_layer_norm", (4, 24), "float32", 1e-5),
+        Case("add_rms_norm", (4, 24), "bfloat16", 1e-5, residual_dtype="float32", norm_input="exact"),
+    ],
+    ids=lambda c: c.id,
+)
+def test_backward_takes_both_cotangents(case: Case) -> None:
+    """dx and dresidual are dL/dh: with dy = 0 only dresidual_out reaches h, so both are it, exactly
+    (dresidual in the stream's dtype, dx rounded to the activation dtype)."""
+    inputs = dict(make_inputs(case, grad=True))
+    inputs["dy"] = np.zeros_like(inputs["dy"])
+    prepared = BACKEND.prepare(case, inputs, grad=True)
+    prepared()
+    out = prepared.outputs()
+    given = inputs["dresidual_out"]
+    assert out["dresidual"].dtype == given.dtype and out["dresidual"].tobytes() == given.tobytes()
+    assert out["dx"].dtype == jc.jax_dtype(case.dtype)
+    assert out["dx"].tobytes() == given.astype(jc.jax_dtype(case.dtype)).tobytes()
+
+
+def test_buffers_are_distinct_device_arrays() -> None:
+    """What the aliasing check sees: the prepared device inputs and each output's own buffer."""
+    case = Case("add_layer_norm", (4, 24), "bfloat16", 1e-5)
+    inputs = make_inputs(case, grad=True)
+    prepared = BACKEND.prepare(case, inputs, grad=True)
+    names = produced(case, True)
+    watch = memory.Watch.start(prepared, inputs, names)
+    prepared()
+    returned = prepared.outputs()
+    watch.finish(prepared, returned, names)
+    assert watch.reported and set(watch.outputs) == set(names) == set(returned)
+    assert set(watch.inputs) == {"x", "residual", "dy", "dresidual_out", "weight", "bias"}
+    assert memory.problems(watch, {}, inputs, returned) == []
+
+
+def test_xla_normalizes_the_unrounded_bfloat16_sum() -> None:
+    """The add_*.sum deviation, recomputed on the fingerprint's probe: the program rounds h to bfloat16
+    (residual_out is rounded), but XLA's default allow_excess_precision fuses the add into the norm's
+    float32 upcast, so y is the oracle's with norm_input="exact", not the rounded one."""
+    probe = fingerprint_cases.sum_ln()()
+    case, inputs = probe.case, probe.inputs
+    prepared = BACKEND.prepare(case, inputs, grad=False)
+    prepared()
+    out = prepared.outputs()
+    table = tolerances.load()
+    names = ("y", "residual_out")
+    exact = oracle.evaluate(dataclasses.replace(case, norm_input="exact"), inputs, grad=False)
+    rounded = oracle.evaluate(case, inputs, grad=False)
+    assert all(c.passed for c in compare_outputs(case, inputs, exact, out, names, table))
+    assert {c.output for c in compare_outputs(case, inputs, rounded, out, names, table) if not c.passed} == {
+        "y"
+    }
+
+
 # --- agreement with the oracle through the suite's tolerance matrix -------------------------------
 
 AGREE = [
@@ -335,6 +455,9 @@ AGREE = [
     Case("rms_norm", (8, 40), "float16", 1e-6),
     Case("rms_norm", (8, 40), "bfloat16", 1e-6, weight_offset=1.0),
     Case("add_rms_norm", (8, 40), "float32", 1e-6),
+    Case("add_layer_norm", (8, 40), "float32", 1e-5),
+    Case("add_layer_norm", (8, 40), "bfloat16", 1e-5, residual_dtype="float32"),
+    Case("add_rms_norm", (8, 40), "float16", 1e-6, norm_input="exact"),
     Case("batch_norm", (6, 3, 5), "float32", 1e-5),
     Case("batch_norm", (6, 3, 5), "float64", 1e-5, training=True, bias=False),
     Case("group_norm", (2, 8, 5, 5), "float32", 1e-5, num_groups=4),

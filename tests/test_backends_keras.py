@@ -1,5 +1,7 @@
 """The Keras adapters (keras on torch, keras-jax): the translations (momentum 1 - m, eps, axes,
-center/scale, dtype policy, Gemma's offset, GroupNormalization's groups, Keras' default eps), what is
+center/scale, dtype policy, Gemma's offset, GroupNormalization's groups, Keras' default eps), the fused
+residual add (the float32 policy of a norm of a float32 sum, the backward through both outputs, the
+torch backend's one gradient tensor, which sum each backend normalizes), what is
 left out (InstanceNorm's running statistics, torch's channels_last layout), which process runs each backend,
 agreement with the oracle under the suite's own tolerance table, and the child-process path: a case
 run there, a dead, crashing or hung child reported as that case's error, and no orphan child.
@@ -25,8 +27,10 @@ import numpy as np
 import pytest
 
 from conformance import oracle
+from conformance.adapter import memory
 from conformance.adapter.backend import Unsupported
 from conformance.bench.measure import interpreted
+from conformance.fingerprint import cases as fingerprint_cases
 from conformance.judging import tolerances
 from conformance.judging.verdict import compare_outputs
 from conformance.model.case import Case
@@ -89,7 +93,15 @@ def _op_case(op: str, eps: float = 1e-5, **fields: Any) -> Case:
     return Case(op, (4, 6, 5), "float32", eps, **groups, **fields)
 
 
-ALL_OPS = ["layer_norm", "rms_norm", "add_rms_norm", "batch_norm", "group_norm", "instance_norm"]
+ALL_OPS = [
+    "layer_norm",
+    "rms_norm",
+    "add_rms_norm",
+    "add_layer_norm",
+    "batch_norm",
+    "group_norm",
+    "instance_norm",
+]
 
 
 @pytest.mark.parametrize("op", ALL_OPS)
@@ -224,6 +236,65 @@ def test_weight_offset_is_translated_only_where_exact():
     assert np.array_equal(held, 1.0 + weight)
 
 
+# ----------------------------------------------------------------------------- the fused residual add
+@pytest.mark.parametrize(
+    ("op", "fields", "policy", "sum_dtype"),
+    [
+        ("add_rms_norm", {"dtype": "bfloat16"}, "bfloat16", "bfloat16"),
+        ("add_rms_norm", {"dtype": "bfloat16", "param_dtype": "float32"}, "mixed_bfloat16", "bfloat16"),
+        ("add_rms_norm", {"dtype": "bfloat16", "residual_dtype": "float32"}, "float32", "float32"),
+        ("add_rms_norm", {"dtype": "float16", "norm_input": "exact"}, "float32", "float32"),
+        ("add_rms_norm", {"dtype": "float32", "norm_input": "exact"}, "float32", "float32"),
+        ("add_layer_norm", {"dtype": "bfloat16", "residual_dtype": "float32"}, "bfloat16", "float32"),
+        ("add_layer_norm", {"dtype": "float16", "norm_input": "exact"}, "float16", "float32"),
+    ],
+)
+def test_only_an_autocasting_layer_of_a_float32_sum_gets_the_float32_policy(op, fields, policy, sum_dtype):
+    case = Case(op, (4, 8), eps=1e-5, **fields)
+    plan = _plan(case)
+    assert plan.residual and plan.layer == plans.LAYERS[op]
+    assert (plan.policy, plan.sum_dtype, plan.stream_dtype) == (policy, sum_dtype, case.stream_dtype)
+    widened = policy == "float32" and case.dtype != "float32"
+    assert bool(plan.casts) is widened
+    if widened:
+        # The parameters are held exactly in float32 variables; y and dweight return in their dtypes.
+        assert plan.variable_dtype == "float32" and plan.casts["dweight"] == case.weight_dtype
+        assert plan.casts["y"] == case.dtype
+        assert np.array_equal(
+            plan.variables["scale"], make_inputs(case, grad=False)["weight"].astype(np.float32)
+        )
+
+
+def test_parameters_a_float32_policy_cannot_hold_are_unsupported():
+    with pytest.raises(Unsupported, match="not exact in float32"):
+        _plan(Case("add_rms_norm", (4, 8), "float64", 1e-5, residual_dtype="float32"))
+
+
+@pytest.mark.parametrize("op", ["add_layer_norm", "add_rms_norm"])
+def test_which_layers_autocast_a_float32_input(op):
+    """Why only RMSNormalization gets the float32 policy: under a bfloat16 policy it rounds a float32
+    input to bfloat16 before normalizing it (Layer.__call__ -> DTypePolicy.convert_input), while
+    LayerNormalization (autocast = False) normalizes the float32 input and rounds only y, bit for bit
+    the float32 layer's y rounded once."""
+    if HERE != "torch":
+        pytest.skip("the torch backend runs in a child process here")
+    import torch
+
+    from backends import _keras_run
+
+    case = Case(op, (4, 24), "bfloat16", 1e-5)
+    layer = _keras_run.build_layer(_plan(case))
+    assert layer.autocast is (plans.LAYERS[op] in plans.AUTOCASTS)
+    h32 = torch.from_numpy(make_inputs(replace(case, dtype="float32"), grad=False)["x"]) * 3
+    wide = _keras_run.build_layer(replace(_plan(case), policy="float32"))
+    as_float32 = wide(h32).to(torch.bfloat16)
+    rounded_first = layer(h32.to(torch.bfloat16))
+    if layer.autocast:
+        assert torch.equal(layer(h32), rounded_first) and not torch.equal(layer(h32), as_float32)
+    else:
+        assert torch.equal(layer(h32), as_float32) and not torch.equal(layer(h32), rounded_first)
+
+
 # ----------------------------------------------------------------------------- processes
 def _fresh_python(code: str, **env: str) -> str:
     clean = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
@@ -268,6 +339,9 @@ CASES = [
     Case("layer_norm", (4, 24), "float32", 1e-5, weight=False, bias=False),
     Case("rms_norm", (4, 24), "bfloat16", 1e-5),
     Case("add_rms_norm", (4, 24), "float16", 1e-5),
+    Case("add_layer_norm", (4, 24), "float32", 1e-5),
+    Case("add_layer_norm", (4, 24), "bfloat16", 1e-5, residual_dtype="float32"),
+    Case("add_rms_norm", (4, 24), "float16", 1e-5, norm_input="exact"),
     Case("batch_norm", (6, 3, 5), "float32", 1e-5),
     Case("batch_norm", (6, 3, 5), "bfloat16", 1e-5, bias=False),
     Case("group_norm", (2, 8, 5, 5), "float32", 1e-5, num_groups=4),
@@ -293,6 +367,59 @@ def test_agrees_with_the_oracle(adapters, name, case):
     inputs = make_inputs(case, grad=True)
     actual = _run(adapters[name], case, inputs)
     assert _failing(case, inputs, oracle.evaluate(case, inputs, grad=True), actual) == set()
+
+
+@pytest.mark.parametrize("name", ["keras", "keras-jax"])
+def test_backward_takes_both_cotangents(adapters, name):
+    """dx and dresidual are dL/dh: with dy = 0 only dresidual_out reaches h, so both are it, exactly
+    (dresidual in the float32 stream, dx rounded to bfloat16)."""
+    case = Case("add_layer_norm", (4, 24), "bfloat16", 1e-5, residual_dtype="float32")
+    inputs = dict(make_inputs(case, grad=True))
+    inputs["dy"] = np.zeros_like(inputs["dy"])
+    out = _run(adapters[name], case, inputs)
+    given = inputs["dresidual_out"]
+    assert out["dresidual"].dtype == np.float32 and out["dresidual"].tobytes() == given.tobytes()
+    assert out["dx"].tobytes() == round_to(given, "bfloat16").tobytes()
+    assert out["y"].dtype == out["dx"].dtype == round_to(given, "bfloat16").dtype
+
+
+def test_dx_and_dresidual_are_one_tensor_on_torch_and_declared(adapters):
+    """What the aliasing check sees on the torch backend: the layer's own tensors (buffers()). autograd
+    returns one tensor for x's and residual's gradient when h = x + residual adds in one dtype; the
+    adapter declares it, and without the declaration the check reports it."""
+    if HERE != "torch":
+        pytest.skip("the torch backend runs in a child process here")
+    adapter = adapters["keras"]
+    aliases = adapter.capabilities().aliases
+    assert dict(aliases) == {"dresidual": "dx"}
+    case = Case("add_rms_norm", (4, 24), "bfloat16", 1e-5)
+    inputs = make_inputs(case, grad=True)
+    prepared = adapter.prepare(case, inputs, grad=True)
+    names = (*forward_outputs(case), *grad_outputs(case))
+    watch = memory.Watch.start(prepared, inputs, names)
+    prepared()
+    returned = prepared.outputs()
+    watch.finish(prepared, returned, names)
+    assert watch.reported and set(watch.inputs) == {"x", "residual", "dy", "dresidual_out", "weight"}
+    assert prepared.buffers()["dx"] is prepared.buffers()["dresidual"]
+    assert memory.problems(watch, aliases, inputs, returned) == []
+    (found,) = memory.problems(watch, {}, inputs, returned)
+    assert "'dresidual' and 'dx' share memory" in found or "'dx' and 'dresidual' share memory" in found
+
+
+@pytest.mark.parametrize(("name", "convention"), [("keras", "rounded"), ("keras-jax", "exact")])
+def test_which_sum_the_layer_normalizes(adapters, name, convention):
+    """The add_*.sum fingerprint, recomputed on its probe: the torch backend normalizes h as stored
+    (bfloat16); on JAX, XLA's default allow_excess_precision fuses the bfloat16 add into the layer's
+    float32 upcast, so the layer normalizes the unrounded sum although residual_out is rounded."""
+    probe = fingerprint_cases.sum_ln()()
+    case, inputs = probe.case, probe.inputs
+    actual = _run(adapters[name], case, inputs, grad=False)
+    expected = oracle.evaluate(replace(case, norm_input=convention), inputs, grad=False)
+    assert _failing(case, inputs, expected, actual, grad=False) == set()
+    other = "exact" if convention == "rounded" else "rounded"
+    expected = oracle.evaluate(replace(case, norm_input=other), inputs, grad=False)
+    assert _failing(case, inputs, expected, actual, grad=False) == {"y"}
 
 
 @pytest.mark.parametrize("name", ["keras", "keras-jax"])

@@ -1,18 +1,27 @@
 """The built-in torch adapters: output keys, shapes and dtypes, repeatability, untouched inputs, and
-agreement with a float64 torch autograd reference written here, independently of the adapters."""
+agreement with a float64 torch autograd reference written here, independently of the adapters; the add
+ops' residual conventions and two-output backward against the oracle, and the memory they report."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+from conformance import oracle
 from conformance.adapter.backend import FEATURES, Backend, Unsupported
+from conformance.judging import tolerances
+from conformance.model import residual
 from conformance.model.case import Case
 from conformance.model.dtypes import numpy_dtype, unit_roundoff
 from conformance.model.inputs import make_inputs
+from conformance.model.outputs import grad_outputs, output_dtype
+from conformance.running import checks
+from conformance.running.settings import load_ledger
 
 torch = pytest.importorskip("torch")
 common = pytest.importorskip("backends._torch_common")
@@ -185,11 +194,22 @@ def test_outputs(name: str, case: Case, grad: bool) -> None:
 @pytest.mark.parametrize("name", list(BACKENDS))
 def test_capabilities(name: str) -> None:
     caps = BACKENDS[name].capabilities()
-    assert caps.ops == {"layer_norm", "rms_norm", "batch_norm", "add_rms_norm", "group_norm", "instance_norm"}
+    assert caps.ops == {
+        "layer_norm",
+        "rms_norm",
+        "batch_norm",
+        "add_rms_norm",
+        "add_layer_norm",
+        "group_norm",
+        "instance_norm",
+    }
     assert caps.dtypes == {"float64", "float32", "float16", "bfloat16"}
     assert caps.features <= set(FEATURES) and "backward" in caps.features
-    # InstanceNorm's running statistics and the channels-last layout (tests/test_backends_torch_groups.py).
-    assert {"running_stats", "channels_last"} <= caps.features
+    # InstanceNorm's running statistics and the channels-last layout (tests/test_backends_torch_groups.py),
+    # and the add ops' residual conventions (below).
+    assert {"running_stats", "channels_last", "residual_dtype", "exact_sum"} <= caps.features
+    assert caps.aliases == {"dresidual": "dx", "running_mean": "running_mean", "running_var": "running_var"}
+    assert "AddBackward" in caps.notes["aliases"]
     assert caps.device in ("cpu", "cuda") and caps.device_name
 
 
@@ -288,3 +308,178 @@ def test_torch_keeps_its_saved_statistics_in_the_activation_dtype():
     rounded = dx(exact_mean.to(torch.bfloat16).double(), exact_rstd.to(torch.bfloat16).double())
     assert torch.equal(rounded, x.grad)
     assert not torch.equal(dx(exact_mean, exact_rstd), x.grad)
+
+
+# ------------------------------------------------------------------ the add ops' residual stream
+# The residual conventions (the stream's dtype, the sum the norm reads) on small rows, both add ops.
+CONVENTIONS: list[dict[str, Any]] = [{}, {"residual_dtype": "float32"}, {"norm_input": "exact"}]
+CONVENTIONS.append({"residual_dtype": "float32", "norm_input": "exact"})
+ADD_CASES = [
+    Case(op, (4, 48), "bfloat16", 1e-5, **convention)
+    for op in ("add_layer_norm", "add_rms_norm")
+    for convention in CONVENTIONS
+] + [
+    Case("add_layer_norm", (4, 32), "float32", 1e-5, norm_input="exact"),
+    Case("add_layer_norm", (4, 32), "float16", 1e-5, residual_dtype="float32", param_dtype="float32"),
+    Case("add_layer_norm", (3, 4, 8), "float64", 1e-6, norm_ndim=2, bias=False),
+    Case("add_rms_norm", (4, 32), "float16", 1e-6, weight_offset=1.0, norm_input="exact"),
+]
+ADD_RUNS = [(name, case) for name in BACKENDS for case in ADD_CASES]
+
+
+def _run(backend: Backend, case: Case, inputs: dict[str, np.ndarray], grad: bool) -> Any:
+    prepared = backend.prepare(case, inputs, grad=grad)
+    prepared()
+    prepared.synchronize()
+    return prepared
+
+
+def _bound(case: Case, expected: np.ndarray) -> float:
+    """BOUND_ULPS of the coarsest dtype the case computes in (activations, parameters, stream)."""
+    u = max(unit_roundoff(d) for d in (case.dtype, case.weight_dtype, case.stream_dtype))
+    return BOUND_ULPS * u * max(1.0, float(np.max(np.abs(expected))))
+
+
+@pytest.mark.parametrize(("name", "case"), ADD_RUNS, ids=[f"{n}-{c.id}" for n, c in ADD_RUNS])
+def test_add_ops_match_the_oracle_through_both_outputs(name: str, case: Case) -> None:
+    inputs = make_inputs(case, grad=True)
+    out = _run(BACKENDS[name], case, inputs, grad=True).outputs()
+    expected = oracle.evaluate(case, inputs, grad=True)
+    assert set(out) == {"y", "residual_out", *grad_outputs(case)}
+    for key, value in out.items():
+        # y and dx in the activation dtype, residual_out and dresidual in the stream's, the rest the params'.
+        assert value.dtype == numpy_dtype(output_dtype(case, key)), key
+        err = np.max(np.abs(value.astype(np.float64) - expected[key]))
+        assert err <= _bound(case, expected[key]), f"{key}: max |error| {err:.3g}"
+
+
+def _sum_probe(norm_input: str) -> tuple[Case, dict[str, np.ndarray]]:
+    """Row 0: x = 1, residual = +-2^-10: stored in bfloat16 the sum is the constant 1 (y = bias); the
+    unrounded sum is 1 +- 2^-10, normalized to +-1 (y = bias +- weight). Row 1: ordinary values."""
+    case = Case("add_layer_norm", (2, 16), "bfloat16", 1e-12, norm_input=norm_input)
+    inputs = make_inputs(case, grad=False)
+    inputs["x"][0] = 1.0
+    inputs["residual"][0] = np.resize([2.0**-10, -(2.0**-10)], 16)
+    return case, inputs
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_the_norm_reads_the_sum_the_case_asks_for(name: str) -> None:
+    rounded_case, inputs = _sum_probe("rounded")
+    exact_case, _ = _sum_probe("exact")
+    rounded = _run(BACKENDS[name], rounded_case, inputs, grad=False).outputs()
+    exact = _run(BACKENDS[name], exact_case, inputs, grad=False).outputs()
+    bias = inputs["bias"].astype(np.float64)
+    assert np.array_equal(rounded["y"][0].astype(np.float64), bias)
+    want = oracle.evaluate(exact_case, inputs, grad=False)["y"][0]
+    assert np.min(np.abs(want - bias)) > 0.1  # the unrounded sum's y is far from the bias everywhere
+    assert np.max(np.abs(exact["y"][0].astype(np.float64) - want)) <= _bound(exact_case, want)
+    # Both store the same residual_out: the sum rounded to the stream dtype.
+    for out in (rounded, exact):
+        assert np.array_equal(out["residual_out"][0].astype(np.float64), np.ones(16))
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_a_float32_stream_stores_the_float32_sum(name: str) -> None:
+    case = Case("add_rms_norm", (4, 32), "bfloat16", 1e-6, residual_dtype="float32")
+    inputs = make_inputs(case, grad=True)
+    assert inputs["residual"].dtype == np.float32
+    out = _run(BACKENDS[name], case, inputs, grad=True).outputs()
+    # One float32 addition of a bfloat16 and a float32 value is the correctly rounded sum.
+    assert np.array_equal(out["residual_out"], residual.stored(case, inputs).astype(np.float32))
+    assert out["dresidual"].dtype == np.float32 and out["dx"].dtype == out["y"].dtype == ml_dtypes.bfloat16
+
+
+@pytest.mark.parametrize("residual_dtype", [None, "float32"])
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_dresidual_out_reaches_both_gradients(name: str, residual_dtype: str | None) -> None:
+    """With dy = 0 the norm's gradient is exactly 0: dx and dresidual are the cotangent of residual_out
+    itself, each in its own dtype."""
+    case = Case("add_layer_norm", (4, 32), "bfloat16", 1e-5, residual_dtype=residual_dtype)
+    inputs = make_inputs(case, grad=True)
+    inputs["dy"] = np.zeros_like(inputs["dy"])
+    out = _run(BACKENDS[name], case, inputs, grad=True).outputs()
+    cotangent = inputs["dresidual_out"]
+    assert np.array_equal(out["dresidual"], cotangent)
+    assert np.array_equal(out["dx"], cotangent.astype(ml_dtypes.bfloat16))
+    assert not np.any(out["dweight"].astype(np.float64)) and not np.any(out["dbias"].astype(np.float64))
+
+
+# ------------------------------------------------------------------ memory: buffers() and aliasing
+ALIASING_CASES = [
+    Case("add_layer_norm", (4, 32), "bfloat16", 1e-5),
+    Case("add_layer_norm", (4, 32), "bfloat16", 1e-5, residual_dtype="float32", norm_input="exact"),
+    Case("add_rms_norm", (4, 32), "float32", 1e-6, weight_offset=1.0),
+    Case("layer_norm", (4, 32), "float32", 1e-5, weight=False),
+    Case("batch_norm", (4, 6, 5), "float32", 1e-5, training=True),
+    Case("batch_norm", (8, 6), "bfloat16", 1e-5, param_dtype="float32"),
+]
+ALIASING_RUNS = [(name, case) for name in BACKENDS for case in ALIASING_CASES]
+
+
+def _context() -> Any:
+    return checks.CheckContext(tolerances.load(), load_ledger(), timeout=300)
+
+
+@pytest.mark.parametrize(("name", "case"), ALIASING_RUNS, ids=[f"{n}-{c.id}" for n, c in ALIASING_RUNS])
+def test_the_aliasing_check_passes_on_the_reported_buffers(name: str, case: Case) -> None:
+    backend = BACKENDS[name]
+    result = checks.run_check("aliasing", backend, backend.capabilities(), case, _context())
+    assert result.outcome == "passed", result.reason
+    assert result.extra["info"]["memory_evidence"] == "buffers()"
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_autograd_hands_one_tensor_to_dx_and_dresidual(name: str) -> None:
+    """The reason of the declared alias: h = x + residual's AddBackward passes one gradient to both,
+    unless a float32 stream makes torch cast x's copy to the activation dtype."""
+    same, widened = (
+        Case("add_layer_norm", (4, 32), "bfloat16", 1e-5, residual_dtype=r) for r in (None, "float32")
+    )
+    shared = _run(BACKENDS[name], same, make_inputs(same), grad=True).buffers()
+    assert shared["dx"].data_ptr() == shared["dresidual"].data_ptr()
+    apart = _run(BACKENDS[name], widened, make_inputs(widened), grad=True).buffers()
+    assert apart["dx"].data_ptr() != apart["dresidual"].data_ptr()
+
+
+class _Undeclared:
+    """A torch adapter whose capabilities declare no aliases: the aliasing check must then see dx and
+    dresidual share memory through buffers(), and the running statistics updated in place."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = backend.name
+
+    def capabilities(self) -> Any:
+        return dataclasses.replace(self.backend.capabilities(), aliases={})
+
+    def prepare(self, case: Case, inputs: Mapping[str, np.ndarray], *, grad: bool) -> Any:
+        return self.backend.prepare(case, inputs, grad=grad)
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_undeclared_sharing_is_seen_through_buffers(name: str) -> None:
+    backend = _Undeclared(BACKENDS[name])
+    add = Case("add_rms_norm", (4, 32), "bfloat16", 1e-6)
+    result = checks.run_check("aliasing", backend, backend.capabilities(), add, _context())
+    assert result.outcome == "failed" and "outputs 'dresidual' and 'dx' share memory" in result.reason
+    bn = Case("batch_norm", (4, 6, 5), "float32", 1e-5, training=True)
+    result = checks.run_check("aliasing", backend, backend.capabilities(), bn, _context())
+    assert result.outcome == "failed" and "output 'running_mean' shares memory with input" in result.reason
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_buffers_are_the_tensors_computed_with(name: str) -> None:
+    case = Case("batch_norm", (4, 6, 5), "float32", 1e-5, training=True)
+    inputs = make_inputs(case, grad=True)
+    prepared: Any = BACKENDS[name].prepare(case, inputs, grad=True)
+    before = common.to_numpy(prepared.buffers()["running_mean"])
+    assert np.array_equal(before, inputs["running_mean"])
+    prepared()
+    buffers, out = prepared.buffers(), prepared.outputs()
+    # The live statistics buffer, updated in place by the call, holds the returned running_mean.
+    assert np.array_equal(common.to_numpy(buffers["running_mean"]), out["running_mean"])
+    assert not np.array_equal(out["running_mean"], inputs["running_mean"])
+    assert {"x", "weight", "bias", "dy", "y", "dx", "dweight", "dbias"} <= set(buffers)
+    assert np.array_equal(common.to_numpy(buffers["dx"]), out["dx"])
+    assert np.array_equal(common.to_numpy(buffers["x"]), inputs["x"])

@@ -1,14 +1,21 @@
 """torch-compile: compiled once per key and reused across shapes, compile time reported apart from
-run time, judged by the same checks and tolerances as every backend, unavailable without a compiler."""
+run time, judged by the same checks and tolerances as every backend, unavailable without a compiler;
+the add ops' residual conventions in one graph, and which sum that graph normalizes."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 
+from conformance import fingerprint, oracle
 from conformance.adapter.backend import BackendUnavailable, Unsupported
 from conformance.judging import tolerances
 from conformance.model.case import Case
+from conformance.model.dtypes import round_to, unit_roundoff
 from conformance.model.inputs import make_inputs
+from conformance.model.outputs import grad_outputs
 from conformance.running import checks
 from conformance.running.settings import load_ledger
 
@@ -69,7 +76,7 @@ def test_unavailable_without_a_cpp_compiler(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_channel_ops_are_declared_only_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(torch_compile.OPS_VARIABLE, raising=False)
-    assert torch_compile.declared_ops() == {"layer_norm", "rms_norm", "add_rms_norm"}
+    assert torch_compile.declared_ops() == {"layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm"}
     monkeypatch.setenv(torch_compile.OPS_VARIABLE, "all")
     assert {"batch_norm", "group_norm", "instance_norm"} <= torch_compile.declared_ops()
     monkeypatch.setenv(torch_compile.OPS_VARIABLE, "rms_norm,batch_norm")
@@ -168,3 +175,69 @@ def test_a_case_computes_the_same_whatever_compiled_first(tmp_path) -> None:
     offset = {"op": "layer_norm", "shape": [12, 100], "dtype": "float16", "eps": 1e-5, "dist": "offset"}
     small = {"op": "layer_norm", "shape": [8, 7], "dtype": "float16", "eps": 1e-5}
     assert _dx_digest(tmp_path, "small-first", [small, offset]) == _dx_digest(tmp_path, "alone", [offset])
+
+
+# ------------------------------------------------------------------ the add ops' residual stream
+ADD_CASES = [
+    Case("add_layer_norm", (4, 48), "bfloat16", 1e-5),
+    Case("add_layer_norm", (4, 48), "bfloat16", 1e-5, residual_dtype="float32"),
+    Case("add_layer_norm", (4, 48), "bfloat16", 1e-5, norm_input="exact"),
+    Case("add_rms_norm", (4, 48), "float16", 1e-6, residual_dtype="float32", norm_input="exact"),
+]
+# Test-local bound, as tests/test_backends_torch.py's: a wrong convention is off by far more.
+BOUND_ULPS = 16.0
+
+
+@pytest.mark.parametrize("case", ADD_CASES, ids=[c.id for c in ADD_CASES])
+def test_add_ops_match_the_oracle_through_both_outputs(backend, case: Case) -> None:
+    inputs = make_inputs(case, grad=True)
+    prepared = backend.prepare(case, inputs, grad=True)
+    prepared()
+    out = prepared.outputs()
+    expected = oracle.evaluate(case, inputs, grad=True)
+    assert set(out) == {"y", "residual_out", *grad_outputs(case)}
+    u = max(unit_roundoff(d) for d in (case.dtype, case.weight_dtype, case.stream_dtype))
+    for key, value in out.items():
+        err = np.max(np.abs(value.astype(np.float64) - expected[key]))
+        assert err <= BOUND_ULPS * u * max(1.0, float(np.max(np.abs(expected[key])))), key
+    assert prepared.info()["compile_key"].endswith(f"|sum={case.norm_input}")
+    # The aliasing check sees the compiled graph's own tensors: its backward, too, returns one tensor for
+    # dx and dresidual where both receive dL/dh unconverted (the declared alias), two where casts part them.
+    buffers = prepared.buffers()
+    assert {"x", "residual", "dresidual_out", "residual_out", "dx", "dresidual"} <= set(buffers)
+    shared = buffers["dx"].data_ptr() == buffers["dresidual"].data_ptr()
+    assert shared == (case.residual_dtype is None and case.norm_input == "rounded")
+
+
+def _oracle_y(case: Case, inputs: dict[str, np.ndarray], norm_input: str) -> np.ndarray:
+    y = oracle.evaluate(dataclasses.replace(case, norm_input=norm_input), inputs, grad=False)["y"]
+    return round_to(y, case.dtype)
+
+
+def test_sum_read_tells_the_sums_apart() -> None:
+    case = Case("add_rms_norm", (16, 64), "bfloat16", 1e-6)
+    inputs = make_inputs(case, grad=False)
+    rounded, exact = (_oracle_y(case, inputs, name) for name in ("rounded", "exact"))
+    assert torch_compile.sum_read(case, inputs, rounded)["sum_normalized"] == "rounded"
+    assert torch_compile.sum_read(case, inputs, exact)["sum_normalized"] == "exact"
+    half = np.where(np.arange(rounded.size).reshape(rounded.shape) % 2 == 0, rounded, exact)
+    assert torch_compile.sum_read(case, inputs, half)["sum_normalized"] == "mixed"
+    # A float32 stream stores the sum it normalizes: nothing to read.
+    stream = dataclasses.replace(case, residual_dtype="float32")
+    assert torch_compile.sum_read(stream, make_inputs(stream, grad=False), rounded) == {}
+
+
+@pytest.mark.parametrize("op", ["add_layer_norm", "add_rms_norm"])
+def test_info_records_the_sum_the_fingerprint_finds(backend, op: str) -> None:
+    """info() reads the sum from the case's own y; the fingerprint's question asks its crafted probe.
+    Both must name the same sum for the default (rounded) convention in bfloat16."""
+    record = fingerprint.ask(backend, backend.capabilities(), fingerprint.QUESTIONS[f"{op}.sum"], timeout=300)
+    assert record.outcome == "answered" and record.matched, record
+    case = Case(op, (16, 200), "bfloat16", 1e-5)
+    prepared = backend.prepare(case, make_inputs(case, grad=False), grad=False)
+    info = prepared.info()
+    assert info["sum_normalized"] == record.answer, info["sum_evidence"]
+    exact = dataclasses.replace(case, norm_input="exact")
+    assert (
+        backend.prepare(exact, make_inputs(exact, grad=False), grad=False).info()["sum_normalized"] == "exact"
+    )

@@ -30,10 +30,12 @@ def test_add_rms_norm_forward_moves_four_tensors() -> None:
     assert traffic(case, "forward").activations == 4 * 2 * 8192 * 2
 
 
-@pytest.mark.parametrize(("op", "tensors"), [("layer_norm", 5), ("rms_norm", 5), ("add_rms_norm", 7)])
+@pytest.mark.parametrize(
+    ("op", "tensors"), [("layer_norm", 5), ("rms_norm", 5), ("add_rms_norm", 9), ("add_layer_norm", 9)]
+)
 def test_backward_benchmark_counts_forward_plus_backward(op: str, tensors: int) -> None:
     # The timed call runs both passes: forward (x, y; add: x, residual, y, residual_out), then
-    # backward (x, dy, dx).
+    # backward (x, dy, dx; add: h, dy, dresidual_out, dx, dresidual).
     case = Case(op, (16, 256), "float32", 1e-5)
     assert traffic(case, "backward").activations == tensors * 16 * 256 * 4
 
@@ -115,3 +117,11 @@ def test_eval_with_running_statistics_saves_none_and_reads_them_again(case: Case
     param = 4 * 4
     assert traffic(case, "forward").weights == (2 + 2) * param
     assert traffic(case, "backward").weights == (2 + 2) * param + (3 + 2) * param
+
+
+def test_float32_residual_stream_counts_its_tensors_at_four_bytes() -> None:
+    # bfloat16 x, y, dy, dx (2 bytes); residual, residual_out, h, dresidual_out, dresidual in float32.
+    case = Case("add_layer_norm", (16, 256), "bfloat16", 1e-5, residual_dtype="float32")
+    elements = 16 * 256
+    assert traffic(case, "forward").activations == elements * (2 * 2 + 2 * 4)
+    assert traffic(case, "backward").activations == elements * (2 * 2 + 2 * 4 + 2 * 2 + 3 * 4)

@@ -270,9 +270,12 @@ ROUND_TRIP = [
         "instance_norm", (2, 3, 5), "bfloat16", 1e-5, track_running_stats=True, training=True, momentum=None
     ),
     Case("instance_norm", (2, 3, 5), "float32", 1e-5, weight=False, bias=False),
+    Case("add_layer_norm", (4, 8), "bfloat16", 1e-5, residual_dtype="float32", norm_input="exact"),
+    Case("add_rms_norm", (4, 8), "float16", 1e-6, norm_input="exact", weight_offset=1.0),
+    Case("add_layer_norm", (4, 8), "float16", 1e-5, residual_dtype="float32"),
 ]
 # Fields added after the first results files: left out of a record at the op's usual value.
-QUIET = {"num_groups", "track_running_stats", "layout"}
+QUIET = {"num_groups", "track_running_stats", "layout", "residual_dtype", "norm_input"}
 
 
 @pytest.mark.parametrize("case", ROUND_TRIP, ids=lambda c: c.id)
@@ -281,7 +284,13 @@ def test_to_dict_from_dict_round_trip_through_json(case):
     assert record["id"] == case.id
     assert record["shape"] == list(case.shape)
     assert set(record) | QUIET == {f.name for f in fields(Case)} | {"id"}
-    usual = {"num_groups": None, "track_running_stats": case.op == "batch_norm", "layout": "contiguous"}
+    usual = {
+        "num_groups": None,
+        "track_running_stats": case.op == "batch_norm",
+        "layout": "contiguous",
+        "residual_dtype": None,
+        "norm_input": "rounded",
+    }
     assert QUIET & set(record) == {name for name in QUIET if getattr(case, name) != usual[name]}
     again = Case.from_dict(json.loads(json.dumps(record)))
     assert again == case
@@ -433,3 +442,35 @@ def test_group_and_instance_ids_and_features():
     }
     plain = Case("instance_norm", (2, 3, 5), "float32", 1e-5)
     assert plain.uses_batch_stats and plain.groups == 3 and plain.rows == 6 and "track" not in plain.id
+
+
+# ------------------------------------------------------------------ the add ops' residual stream
+def test_residual_conventions_name_themselves_in_the_id_and_features():
+    case = Case("add_layer_norm", (4, 8), "bfloat16", 1e-5, residual_dtype="float32", norm_input="exact")
+    assert case.id == "add_layer_norm-bfloat16-4x8-eps1e-05-normal-rfloat32-exact"
+    assert {"residual_dtype", "exact_sum"} <= case.features
+    assert case.stream_dtype == "float32"
+    assert case.bias is True  # LayerNorm's usual form carries a bias, fused or not
+
+
+def test_residual_dtype_equal_to_the_activation_dtype_is_the_default_spelling():
+    same = Case("add_rms_norm", (4, 8), "float32", 1e-6, residual_dtype="float32")
+    assert same.residual_dtype is None
+    assert same == Case("add_rms_norm", (4, 8), "float32", 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"op": "layer_norm", "residual_dtype": "float32"}, "residual_dtype"),
+        ({"op": "rms_norm", "norm_input": "exact"}, "norm_input"),
+        ({"op": "add_rms_norm", "norm_input": "unrounded"}, "norm_input"),
+        ({"op": "add_rms_norm", "residual_dtype": "int8"}, "residual_dtype"),
+        ({"op": "add_rms_norm", "bias": True}, "bias"),
+    ],
+)
+def test_residual_fields_outside_their_ops_or_values_fail_by_name(fields, named):
+    with pytest.raises(CaseError) as info:
+        Case(shape=(4, 8), dtype="bfloat16", eps=1e-5, **fields)
+    message = str(info.value)
+    assert message.startswith(f"{named}=") and "allowed" in message

@@ -155,3 +155,16 @@ def test_shape_problem_is_reported_as_such(tmp_path, table):
     verdict = _judge("fake-a", CASE, "forward", comparisons, context(tmp_path, table))
     assert verdict.outcome == "failed"
     assert "output 'y': shape (3,) returned, (4,) expected" in verdict.reason
+
+
+def test_an_info_conditioned_entry_judges_only_results_that_recorded_that_choice(tmp_path, table):
+    ctx = context(tmp_path, table, entry() + 'info = { precision = ["bf16"] }\n')
+    failing, passing = (ratio_of(table, "y", 1.5),), (ratio_of(table, "y", 0.5),)
+    lowered, kept = {"precision": "bf16"}, {"precision": "f32"}
+    assert judge("fake-a", CASE, "forward", failing, ctx.ledger, "", lowered).outcome == "xfailed"
+    # The same deviation where the backend recorded another choice is an ordinary failure...
+    assert judge("fake-a", CASE, "forward", failing, ctx.ledger, "", kept).outcome == "failed"
+    assert judge("fake-a", CASE, "forward", failing, ctx.ledger, "").outcome == "failed"
+    # ...and strictness holds where the entry applies: a pass is xpassed there, passed elsewhere.
+    assert judge("fake-a", CASE, "forward", passing, ctx.ledger, "", lowered).outcome == "xpassed"
+    assert judge("fake-a", CASE, "forward", passing, ctx.ledger, "", kept).outcome == "passed"

@@ -257,3 +257,25 @@ def test_malformed_measure_or_band_is_named(tmp_path, body, words):
         load_ledger(write(tmp_path, body))
     for word in words:
         assert word in str(info.value)
+
+
+def test_an_info_condition_applies_only_where_the_backend_recorded_that_choice(tmp_path):
+    table = load_ledger(
+        write(tmp_path, ENTRY + 'info = { norm_precision = ["bf16", "f32+bf16"], lowered = "true" }\n')
+    )
+    (entry,) = table.entries
+    assert entry.info == (("lowered", ("true",)), ("norm_precision", ("bf16", "f32+bf16")))
+    assert entry.to_dict()["info"] == {"lowered": ["true"], "norm_precision": ["bf16", "f32+bf16"]}
+    assert table.find("fake-a", LN, "forward", "y", {"norm_precision": "bf16", "lowered": True}) is entry
+    assert table.find("fake-a", LN, "forward", "y", {"norm_precision": "f32+bf16", "lowered": True}) is entry
+    # The same deviation on a machine where the runtime kept f32: the entry does not apply (strictness).
+    assert table.find("fake-a", LN, "forward", "y", {"norm_precision": "f32", "lowered": False}) is None
+    assert table.find("fake-a", LN, "forward", "y", {"lowered": True}) is None
+    # Checks that record no info (the properties) never match a conditioned entry.
+    assert table.find("fake-a", LN, "forward", "y") is None
+
+
+@pytest.mark.parametrize("value", ['"bf16"', "[1, 2]", "{ precision = 3 }", "{ precision = [] }"])
+def test_a_malformed_info_condition_is_named(tmp_path, value):
+    with pytest.raises(LedgerError, match=r"deviation\[0\]: info"):
+        load_ledger(write(tmp_path, ENTRY + f"info = {value}\n"))

@@ -95,8 +95,11 @@ def test_inputs_mutated_in_place_is_caught(suite):
     run = suite("--backend", "fake-mutates-inputs", "--profile", "smoke")
     failed = [r for r in run.records if r["outcome"] == "failed"]
     assert run.returncode == 1
-    # The second call sees the mutated x, so determinism fails too; single calls are still correct.
-    assert {r["check"] for r in failed} == {"inputs_unchanged", "determinism"}
+    # The second call sees the mutated x, so determinism fails too; single calls are still correct. The
+    # aliasing check sees the undeclared write as well.
+    assert {r["check"] for r in failed} == {"inputs_unchanged", "aliasing", "determinism"}
+    aliasing = next(r for r in failed if r["check"] == "aliasing")
+    assert "input 'x' was written by the call" in aliasing["reason"]
     unchanged = next(r for r in failed if r["check"] == "inputs_unchanged")
     assert "x: " in unchanged["reason"] and "changed by the call" in unchanged["reason"]
 

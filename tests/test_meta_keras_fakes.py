@@ -114,8 +114,17 @@ def test_both_backends_agree_with_the_oracle_in_one_run(suite):
             # The known deviations: the biased running variance; on rows of |x| ~ 5e17 the derivative
             # of rsqrt(var) underflows in float32 (torch's RMSNorm kernel, JAX's autodiff); on constant
             # instances the torch backend's one-pass GroupNormalization variance leaves a residue
-            # beside eps that dx is proportional to.
-            known = {"dx"} if record["case"]["dist"] in ("large", "constant") else {"running_var"}
+            # beside eps that dx is proportional to; on JAX, XLA normalizes the unrounded bfloat16
+            # x + residual of the add ops, which offset rows amplify. The add ops' dresidual is dL/dh,
+            # the same values as dx, so it carries dx's deviations.
+            large = record["case"]["dist"] in ("large", "constant")
+            known = {"dx", "dresidual"} if large else {"running_var"}
+            if (
+                backend == "keras-jax"
+                and record["case"]["op"].startswith("add_")
+                and record["case"]["dist"] == "offset"
+            ):
+                known = {"y", "dx", "dresidual", "dweight"}
             assert failing <= known, (record["case"]["id"], failing)
     notes = {name: run.header["backends"][name]["notes"] for name in ("keras", "keras-jax")}
     assert "mode" not in notes["keras"] and notes["keras-jax"]["mode"].startswith("interpreted")

@@ -1,7 +1,10 @@
 """The onnx-export adapter: opset selection, the export cache, what the exporter cannot express,
-dtypes ORT has no kernel for, and the graphs GroupNorm and InstanceNorm export to."""
+dtypes ORT has no kernel for, the graphs GroupNorm and InstanceNorm export to, and the add ops'
+residual conventions."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -157,3 +160,76 @@ def test_training_instance_norm_with_running_statistics_is_unsupported_with_what
 def test_channels_last_is_not_declared():
     caps = export.OnnxExport().capabilities()
     assert "channels_last" not in caps.features and {"group_norm", "instance_norm"} <= caps.ops
+
+
+def _within(case, actual, expected, ulps):
+    """Whether ``actual`` is within ``ulps`` units of y's dtype of ``expected``, relative to max(1, |y|)."""
+    err = np.max(np.abs(actual.astype(np.float64) - expected))
+    return err <= ulps * unit_roundoff(case.dtype) * max(1.0, np.max(np.abs(expected)))
+
+
+def _prepare_with(backend, case, inputs):
+    prepared = backend.prepare(case, inputs, grad=False)
+    prepared()
+    return prepared
+
+
+def test_add_layer_norm_exports_add_then_layer_normalization_and_agrees_with_the_oracle():
+    case = Case("add_layer_norm", (6, 40), "float32", 1e-5)
+    inputs = make_inputs(case, grad=False)
+    prepared = _prepare_with(export.OnnxExport(), case, inputs)
+    assert prepared.info()["graph"] == "Add+LayerNormalization"
+    outputs = prepared.outputs()
+    assert np.array_equal(outputs["residual_out"], inputs["x"] + inputs["residual"])
+    _agrees(case, prepared, inputs)
+
+
+def test_the_residual_conventions_are_declared_with_add_layer_norm():
+    caps = export.OnnxExport().capabilities()
+    assert {"residual_dtype", "exact_sum"} <= caps.features
+    assert {"add_rms_norm", "add_layer_norm"} <= caps.ops
+
+
+@pytest.mark.parametrize("op", ["add_layer_norm", "add_rms_norm"])
+def test_a_float32_residual_stream_sums_in_float32_and_keeps_residual_out_there(op):
+    case = Case(op, (6, 40), "float16", 1e-5, residual_dtype="float32")
+    inputs = make_inputs(case, grad=False)
+    assert inputs["residual"].dtype == np.float32
+    prepared = _prepare_with(export.OnnxExport(), case, inputs)
+    # x.float() + residual, the norm on that float32 sum, y cast back to float16.
+    assert prepared.info()["graph"].startswith("Cast+Add+")
+    outputs = prepared.outputs()
+    assert outputs["residual_out"].dtype == np.float32 and outputs["y"].dtype == np.float16
+    assert np.array_equal(outputs["residual_out"], inputs["x"].astype(np.float32) + inputs["residual"])
+    assert _within(case, outputs["y"], oracle.evaluate(case, inputs, grad=False)["y"], 2)
+
+
+def test_the_exact_sum_is_normalized_and_residual_out_rounded_once():
+    # offset rows: the float16 rounding of h moves y far more than float16's tolerance, so the two
+    # conventions are told apart.
+    case = Case("add_layer_norm", (4, 24), "float16", 1e-5, dist="offset", norm_input="exact")
+    inputs = make_inputs(case, grad=False)
+    prepared = _prepare_with(export.OnnxExport(), case, inputs)
+    assert prepared.info()["graph"] == "Cast+Add+LayerNormalization"
+    outputs = prepared.outputs()
+    total = inputs["x"].astype(np.float64) + inputs["residual"]
+    assert np.array_equal(outputs["residual_out"], total.astype(np.float16))
+    exact = oracle.evaluate(case, inputs, grad=False)["y"]
+    rounded = oracle.evaluate(dataclasses.replace(case, norm_input="rounded"), inputs, grad=False)["y"]
+    assert _within(case, outputs["y"], exact, 2)
+    assert not _within(case, outputs["y"], rounded, 2)
+
+
+@pytest.mark.skipif(not CPU, reason="kernel coverage is the CPU provider's")
+def test_bfloat16_runs_where_the_module_widens_before_adding():
+    # ORT's CPU provider has no bfloat16 Add: the default convention is Unsupported, the exact one
+    # casts x and residual to float32 first and runs.
+    for norm_input, runs in (("rounded", False), ("exact", True)):
+        case = Case("add_layer_norm", (6, 40), "bfloat16", 1e-5, norm_input=norm_input)
+        inputs = make_inputs(case, grad=False)
+        if not runs:
+            with pytest.raises(Unsupported, match=r"Add\(14\)"):
+                _prepare_with(export.OnnxExport(), case, inputs)
+            continue
+        prepared = _prepare_with(export.OnnxExport(), case, inputs)
+        assert _within(case, prepared.outputs()["y"], oracle.evaluate(case, inputs, grad=False)["y"], 2)

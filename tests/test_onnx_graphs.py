@@ -1,8 +1,12 @@
 """The onnxruntime adapter: graph builders, convention translations, the session cache, dtypes ORT lacks,
-agreement with a float64 NumPy reference written here for the translated BatchNorm update, and the
-GroupNorm/InstanceNorm graphs (GroupNormalization-21 and -18, InstanceNorm's running statistics)."""
+agreement with a float64 NumPy reference written here for the translated BatchNorm update, the
+GroupNorm/InstanceNorm graphs (GroupNormalization-21 and -18, InstanceNorm's running statistics), and the
+fused residual ops' graphs per residual convention."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -353,3 +357,194 @@ def test_channels_last_is_not_declared_and_group_ops_are():
     assert {"group_norm", "instance_norm"} <= caps.ops
     case = Case("group_norm", (2, 8, 5, 6), "float32", 1e-5, num_groups=2, layout="channels_last")
     assert "channels_last" in caps.why_not(case)
+
+
+# --- the fused residual ops: add_layer_norm, and both ops' residual conventions ----------------------
+
+
+def _wiring(spec):
+    """Each node as (op, inputs, outputs), Constants left out."""
+    return [(n.op_type, list(n.input), list(n.output)) for n in spec.nodes if n.op_type != "Constant"]
+
+
+def _graph_types(spec):
+    """Graph input/output name -> ONNX element type."""
+    values = [*spec.inputs, *spec.values]
+    return {v.name: v.type.tensor_type.elem_type for v in values}
+
+
+F32, BF16, F16 = onnx.TensorProto.FLOAT, onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16
+_NORM = ["residual_out", "weight", "bias"]
+
+
+@pytest.mark.parametrize(
+    ("case", "wiring", "types"),
+    [
+        # Default: the Add's result is residual_out, and the norm reads it as stored.
+        (
+            Case("add_layer_norm", (4, 8), "float16", 1e-5),
+            [("Add", ["x", "residual"], ["residual_out"]), ("LayerNormalization", _NORM, ["y"])],
+            {"residual": F16, "residual_out": F16, "y": F16},
+        ),
+        # Residual in float32: x Cast to float32, residual_out float32, the norm on it, y Cast back.
+        (
+            Case("add_layer_norm", (4, 8), "bfloat16", 1e-5, residual_dtype="float32"),
+            [
+                ("Cast", ["x"], ["x_sum"]),
+                ("Add", ["x_sum", "residual"], ["residual_out"]),
+                ("LayerNormalization", _NORM, ["y_wide"]),
+                ("Cast", ["y_wide"], ["y"]),
+            ],
+            {"x": BF16, "residual": F32, "residual_out": F32, "y": BF16},
+        ),
+        # Exact: the sum in float32 is what the norm reads; residual_out is a Cast of it.
+        (
+            Case("add_layer_norm", (4, 8), "bfloat16", 1e-5, norm_input="exact"),
+            [
+                ("Cast", ["x"], ["x_sum"]),
+                ("Cast", ["residual"], ["residual_sum"]),
+                ("Add", ["x_sum", "residual_sum"], ["sum"]),
+                ("Cast", ["sum"], ["residual_out"]),
+                ("LayerNormalization", ["sum", "weight", "bias"], ["y_wide"]),
+                ("Cast", ["y_wide"], ["y"]),
+            ],
+            {"residual": BF16, "residual_out": BF16, "weight": F32, "y": BF16},
+        ),
+        # Both: residual_out is the float32 sum the norm reads.
+        (
+            Case("add_rms_norm", (4, 8), "float16", 1e-5, residual_dtype="float32", norm_input="exact"),
+            [
+                ("Cast", ["x"], ["x_sum"]),
+                ("Add", ["x_sum", "residual"], ["residual_out"]),
+                ("RMSNormalization", ["residual_out", "weight"], ["y_wide"]),
+                ("Cast", ["y_wide"], ["y"]),
+            ],
+            {"residual": F32, "residual_out": F32, "y": F16},
+        ),
+        # float32 activations: the exact convention's float32 sum is the stored one.
+        (
+            Case("add_layer_norm", (4, 8), "float32", 1e-5, norm_input="exact"),
+            [("Add", ["x", "residual"], ["residual_out"]), ("LayerNormalization", _NORM, ["y"])],
+            {"residual_out": F32, "y": F32},
+        ),
+        # A float32 stream under float64 activations: the sum in float64, stored once in float32, read
+        # as stored.
+        (
+            Case("add_layer_norm", (4, 8), "float64", 1e-5, residual_dtype="float32"),
+            [
+                ("Cast", ["residual"], ["residual_sum"]),
+                ("Add", ["x", "residual_sum"], ["sum"]),
+                ("Cast", ["sum"], ["residual_out"]),
+                ("Cast", ["residual_out"], ["x_wide"]),
+                ("LayerNormalization", ["x_wide", "weight", "bias"], ["y"]),
+            ],
+            {"residual": F32, "residual_out": F32, "y": onnx.TensorProto.DOUBLE},
+        ),
+    ],
+    ids=lambda v: v.id if isinstance(v, Case) else "",
+)
+def test_the_residual_conventions_are_spelled_in_the_graph(case, wiring, types):
+    backend = graphs.OnnxRuntime()
+    spec = graphs.build(case, backend.plan(case, make_inputs(case, grad=False)), backend)
+    onnx.checker.check_model(spec.model(), full_check=True)
+    assert _wiring(spec) == wiring
+    assert spec.outputs == {"residual_out": "residual_out", "y": "y"}
+    assert {name: _graph_types(spec)[name] for name in types} == types
+
+
+def test_add_layer_norm_is_opset_17_with_the_optional_bias_and_records_its_convention():
+    case = Case("add_layer_norm", (4, 8), "float16", 1e-5, bias=False, norm_input="exact")
+    nodes, spec = _nodes(case, "float32")
+    assert spec.model().opset_import[0].version == 17
+    assert list(nodes["LayerNormalization"].input) == ["sum", "weight"]
+    info = _run(graphs.OnnxRuntime(), case)[1].info()
+    assert info["graph"] == "Cast+Cast+Add+Cast+LayerNormalization+Cast"
+    assert info["sum_dtype"] == "float32" and info["norm_reads"] == "the exact sum (float32)"
+
+
+_CONVENTIONS = [
+    {},
+    {"residual_dtype": "float32"},
+    {"norm_input": "exact"},
+    {"residual_dtype": "float32", "norm_input": "exact"},
+]
+
+
+@pytest.mark.parametrize("convention", _CONVENTIONS, ids=lambda c: "-".join(c.values()) or "default")
+@pytest.mark.parametrize(("op", "dtype"), [("add_layer_norm", "float16"), ("add_rms_norm", "float16")])
+def test_each_convention_agrees_with_its_oracle(op, dtype, convention):
+    case = Case(op, (6, 48), dtype, 1e-5, dist="offset", **convention)
+    inputs, prepared = _run(graphs.OnnxRuntime(), case)
+    out = prepared.outputs()
+    assert out["residual_out"].dtype == np.dtype(case.stream_dtype)
+    _within(case, out, inputs, outputs=("y", "residual_out"))
+
+
+@pytest.mark.skipif(not CPU, reason="kernel coverage is the CPU provider's")
+def test_bfloat16_runs_where_the_add_is_float32_and_is_unsupported_where_it_is_bfloat16():
+    for convention in _CONVENTIONS[1:]:
+        case = Case("add_layer_norm", (6, 48), "bfloat16", 1e-5, **convention)
+        inputs, prepared = _run(graphs.OnnxRuntime(), case)
+        _within(case, prepared.outputs(), inputs, outputs=("y", "residual_out"))
+    case = Case("add_layer_norm", (6, 48), "bfloat16", 1e-5)
+    with pytest.raises(Unsupported, match=r"no kernel for Add\+LayerNormalization.*NOT_IMPLEMENTED"):
+        graphs.OnnxRuntime().prepare(case, make_inputs(case, grad=False), grad=False)
+
+
+@pytest.mark.skipif(not CPU, reason="the transformer is the CPU provider's")
+def test_ort_drops_the_stored_sum_s_rounding_under_float32_parameters(tmp_path):
+    # float16 Add has no CPU kernel: ORT's InsertCastTransformer (run at every optimization level) runs
+    # it in float32 and hands the LayerNormalization, which the graph feeds Cast(residual_out) to
+    # float32, the float32 sum directly: the norm reads the unrounded sum (a ledgered deviation).
+    case = Case("add_layer_norm", (16, 200), "float16", 1e-5, param_dtype="float32", dist="offset")
+    backend = graphs.OnnxRuntime()
+    inputs = make_inputs(case, grad=False)
+    spec = graphs.build(case, backend.plan(case, inputs), backend)
+    assert _wiring(spec)[:2] == [
+        ("Add", ["x", "residual"], ["residual_out"]),
+        ("Cast", ["residual_out"], ["x_wide"]),
+    ]
+    options = _ort.ort.SessionOptions()
+    options.graph_optimization_level = _ort.ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    _ort.ort.InferenceSession(spec.model().SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ran = onnx.load(options.optimized_model_filepath).graph.node
+    norm = next(n for n in ran if n.op_type == "LayerNormalization")
+    add = next(n for n in ran if n.op_type == "Add")
+    assert norm.input[0] == add.output[0] != "residual_out"
+    out = backend.prepare(case, inputs, grad=False)
+    out()
+    exact = dataclasses.replace(case, norm_input="exact")
+    _within(exact, out.outputs(), inputs, outputs=("y", "residual_out"))
+
+
+def test_buffers_are_the_bound_copies_and_a_shared_name_is_left_out():
+    case = Case("add_layer_norm", (4, 16), "float32", 1e-5)
+    _, prepared = _run(graphs.OnnxRuntime(), case)
+    assert set(prepared.buffers()) == {"x", "residual", "weight", "bias", "y", "residual_out"}
+    bn = Case("batch_norm", (4, 3, 5), "float32", 1e-5, training=True)
+    _, trained = _run(graphs.OnnxRuntime(), bn)
+    # running_mean and running_var name an input and an output: two buffers, one contract name.
+    assert {"running_mean", "running_var"}.isdisjoint(trained.buffers())
+    assert {"x", "prior_running_var", "y"} <= set(trained.buffers())
+
+
+def test_a_norm_that_always_reads_the_unrounded_sum_is_caught(suite, tmp_path):
+    # The fake normalizes the float32 sum whatever the case asks (what the fused contrib kernels do for
+    # half inputs): on float16 offset rows the default convention's y catches it, the exact one passes.
+    cases = tmp_path / "cases.json"
+    base = {"op": "add_layer_norm", "shape": [16, 200], "dtype": "float16", "eps": 1e-5, "dist": "offset"}
+    cases.write_text(json.dumps([base, {**base, "norm_input": "exact"}]))
+    run = suite(
+        "-p", "normconf_onnx_fakes", "--backend", "onnxruntime,fake-onnx-exact-sum", "--cases", str(cases)
+    )
+    assert run.returncode == 1, run.output[-3000:]
+    forward = {(r["backend"], r["case"]["id"]): r for r in run.records if r["check"] == "forward"}
+    rounded, exact = (
+        "add_layer_norm-float16-16x200-eps1e-05-offset",
+        "add_layer_norm-float16-16x200-eps1e-05-offset-exact",
+    )
+    assert {forward[("onnxruntime", i)]["outcome"] for i in (rounded, exact)} == {"passed"}
+    assert forward[("fake-onnx-exact-sum", exact)]["outcome"] == "passed"
+    caught = forward[("fake-onnx-exact-sum", rounded)]
+    assert caught["outcome"] == "failed" and "output 'y' out of tolerance" in caught["reason"]

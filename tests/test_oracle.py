@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conformance.model.case import CHANNEL_OPS, GROUP_OPS, Case
+from conformance.model.dtypes import round_to
 from conformance.model.inputs import make_inputs
 from conformance.oracle import evaluate
 
@@ -138,35 +139,57 @@ def test_reads_rounded_inputs_as_float64_and_leaves_them_alone(case: Case) -> No
         np.testing.assert_array_equal(values, before[name], err_msg=name)
 
 
-def test_add_rms_norm_is_rms_norm_of_the_stored_sum() -> None:
-    # The residual stream is stored in the activation dtype; the norm reads the stored value.
-    case = Case("add_rms_norm", (3, 16), "bfloat16", 1e-6, weight_offset=1.0)
+ADD_BASE = {"add_rms_norm": "rms_norm", "add_layer_norm": "layer_norm"}
+
+
+@pytest.mark.parametrize("op", sorted(ADD_BASE))
+@pytest.mark.parametrize(
+    ("residual_dtype", "norm_input"), [(None, "rounded"), (None, "exact"), ("float32", "rounded")]
+)
+def test_add_op_is_the_norm_of_the_sum_it_reads(op: str, residual_dtype: str | None, norm_input: str) -> None:
+    # residual_out is the sum rounded once to the stream's dtype; the norm reads it, or the exact sum.
+    case = Case(op, (3, 16), "bfloat16", 1e-6, residual_dtype=residual_dtype, norm_input=norm_input)
     inputs = make_inputs(case)
     out = evaluate(case, inputs, grad=True)
-    h = (inputs["x"].astype(np.float64) + inputs["residual"].astype(np.float64)).astype(inputs["x"].dtype)
-    rms_case = Case("rms_norm", (3, 16), "bfloat16", 1e-6, weight_offset=1.0)
-    ref = evaluate(rms_case, {"x": h, "weight": inputs["weight"], "dy": inputs["dy"]}, grad=True)
-    np.testing.assert_array_equal(out["residual_out"], h.astype(np.float64))
-    for name in ("y", "dx", "dweight"):
-        np.testing.assert_array_equal(out[name], ref[name], err_msg=name)
+    exact = inputs["x"].astype(np.float64) + inputs["residual"].astype(np.float64)
+    stored = round_to(exact, residual_dtype or "bfloat16").astype(np.float64)
+    read = stored if norm_input == "rounded" else exact
+    assert (stored != exact).any() and (read == exact).all() == (norm_input == "exact")
+    base = Case(ADD_BASE[op], (3, 16), "bfloat16", 1e-6)
+    params = {k: inputs[k] for k in ("weight", "bias") if k in inputs}
+    ref = evaluate(base, {"x": read, **params, "dy": inputs["dy"]}, grad=True)
+    np.testing.assert_array_equal(out["residual_out"], stored)
+    np.testing.assert_array_equal(out["y"], ref["y"])
+    dh = ref["dx"] + inputs["dresidual_out"].astype(np.float64)
+    np.testing.assert_array_equal(out["dx"], dh)
+    np.testing.assert_array_equal(out["dresidual"], dh)
+    for name in ("dweight", "dbias"):
+        if name in ref:
+            np.testing.assert_array_equal(out[name], ref[name], err_msg=name)
 
 
-def test_add_rms_norm_dx_is_the_gradient_for_x_and_residual() -> None:
-    case = Case("add_rms_norm", (2, 5), "float64", 1e-3)
+@pytest.mark.parametrize("op", sorted(ADD_BASE))
+def test_add_op_gradients_are_those_of_both_outputs(op: str) -> None:
+    # L = sum(y * dy) + sum(residual_out * dresidual_out): dL/dx and dL/dresidual by central differences.
+    case = Case(op, (2, 5), "float64", 1e-3)
     inputs = make_inputs(case)
-    dx = evaluate(case, inputs, grad=True)["dx"]
+    out = evaluate(case, inputs, grad=True)
     step = 1e-6  # central differences in float64: truncation ~ step^2, rounding ~ 1e-16 / step
     difference_error = 1e-7  # relative rms error those two allow at this step
-    for name in ("x", "residual"):
-        numeric = np.zeros_like(dx)
-        for index in np.ndindex(dx.shape):
+    for name, grad in (("x", out["dx"]), ("residual", out["dresidual"])):
+        numeric = np.zeros_like(grad)
+        for index in np.ndindex(grad.shape):
             loss = []
             for sign in (1, -1):
                 moved = {k: v.copy() for k, v in inputs.items()}
                 moved[name][index] += sign * step
-                loss.append(float(np.sum(evaluate(case, moved, grad=False)["y"] * inputs["dy"])))
+                run = evaluate(case, moved, grad=False)
+                total = np.sum(run["y"] * inputs["dy"]) + np.sum(
+                    run["residual_out"] * inputs["dresidual_out"]
+                )
+                loss.append(float(total))
             numeric[index] = (loss[0] - loss[1]) / (2 * step)
-        assert norm_error(dx, numeric) <= difference_error, name
+        assert norm_error(grad, numeric) <= difference_error, name
 
 
 def test_grad_without_dy_names_the_missing_input() -> None:

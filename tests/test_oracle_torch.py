@@ -54,13 +54,20 @@ CASES = [
         "instance_norm", (2, 3, 4, 5), "float64", 1e-5, training=True, track_running_stats=True, momentum=0.5
     ),
     Case("instance_norm", (3, 2, 6), "float32", 1e-5, training=True, track_running_stats=True, momentum=None),
+    Case("add_layer_norm", (3, 5), "float64", 1e-5),
+    Case("add_layer_norm", (4, 16), "bfloat16", 1e-5, dist="offset"),
+    Case("add_layer_norm", (4, 16), "bfloat16", 1e-5, norm_input="exact", dist="near_constant"),
+    Case("add_rms_norm", (3, 5), "float64", 1e-6, weight_offset=1.0),
+    Case("add_rms_norm", (4, 16), "float16", 1e-6, residual_dtype="float32"),
 ]
 
 
 def tensors(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
     """float64 leaf tensors of the rounded inputs; x and parameters track gradients."""
     return {
-        name: torch.tensor(values.astype(np.float64), requires_grad=name in ("x", "weight", "bias"))
+        name: torch.tensor(
+            values.astype(np.float64), requires_grad=name in ("x", "residual", "weight", "bias")
+        )
         for name, values in inputs.items()
     }
 
@@ -141,20 +148,39 @@ def instance_norm(case: Case, t: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return y, extra
 
 
+def add_norm(case: Case, t: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The sum stored in the stream's dtype, then the norm of the stored or the exact sum. The rounding
+    is added as a constant, so it has derivative 1 and the gradient stays float64 (a cast round trip
+    would round the gradient to the stream's dtype on its way back)."""
+    exact = t["x"] + t["residual"]
+    rounded = exact.detach().to(getattr(torch, case.stream_dtype)).to(torch.float64)
+    stored = exact + (rounded - exact.detach())
+    read = stored if case.norm_input == "rounded" else exact
+    base = layer_norm if case.op == "add_layer_norm" else rms_norm
+    y, extra = base(case, {**t, "x": read})
+    return y, {**extra, "residual_out": stored}
+
+
 TORCH_OPS = {
+    "add_layer_norm": add_norm,
+    "add_rms_norm": add_norm,
     "layer_norm": layer_norm,
     "rms_norm": rms_norm,
     "batch_norm": batch_norm,
     "group_norm": group_norm,
     "instance_norm": instance_norm,
 }
-GRADIENT_OF = {"x": "dx", "weight": "dweight", "bias": "dbias"}
+GRADIENT_OF = {"x": "dx", "residual": "dresidual", "weight": "dweight", "bias": "dbias"}
 
 
 def torch_outputs(case: Case, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     t = tensors(inputs)
     y, extra = TORCH_OPS[case.op](case, t)
-    (y * t["dy"]).sum().backward()
+    loss = (y * t["dy"]).sum()
+    if "dresidual_out" in t:
+        # The next layer reads residual_out too: its cotangent joins the loss.
+        loss = loss + (extra["residual_out"] * t["dresidual_out"]).sum()
+    loss.backward()
     out = {"y": y, **extra}
     out.update({GRADIENT_OF[name]: t[name].grad for name in GRADIENT_OF if name in t})
     return {name: value.detach().numpy() for name, value in out.items()}

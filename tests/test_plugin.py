@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -27,7 +28,7 @@ def test_results_file_has_header_and_one_record_per_backend_case_check(suite):
     assert header["backends"]["fake-numpy"]["device"] == "cpu"
     cases = profiles.cases("smoke")
     training = sum(c.training for c in cases)
-    assert len(records) == 4 * len(cases) + training
+    assert len(records) == 5 * len(cases) + training
     first = records[0]
     assert set(first) >= {
         "backend",
@@ -61,7 +62,14 @@ def test_results_file_has_header_and_one_record_per_backend_case_check(suite):
         f"tolerances.toml rule[{rule}]"
     )
     assert figures["tolerance"]["keys"].get("output") == "y" and figures["ledger"] is None
-    assert header["checks"] == ["forward", "backward", "training", "inputs_unchanged", "determinism"]
+    assert header["checks"] == [
+        "forward",
+        "backward",
+        "training",
+        "inputs_unchanged",
+        "aliasing",
+        "determinism",
+    ]
     assert {e["index"] for e in header["ledger"]["entries"]} >= {0}
     assert "normconf" in run.output and "results:" in run.output
 
@@ -160,7 +168,7 @@ def test_list_backends_shows_origin_availability_and_capabilities(suite):
     assert "torch-nn\n  origin: entry point backends.torch_nn:TorchNN from normconf" in text
     assert "fake-numpy\n  origin: register() in normconf_fakes.NumpyFake" in text
     assert "fake-unavailable" in text and "available: no (needs a device this machine does not have)" in text
-    assert "features: backward, momentum_none" in text
+    assert re.search(r"\ntorch-nn\n(?:  .*\n)*?  features: backward, [^\n]*momentum_none", text), text[:3000]
 
 
 def test_unavailable_backend_under_all_is_skipped_with_reason(suite):
@@ -191,7 +199,7 @@ def test_ledger_entry_turns_a_known_failure_into_xfailed(suite, tmp_path):
     ledger = _ledger(
         tmp_path,
         '[[deviation]]\nbackend = "fake-bias-ignored"\ncheck = "forward"\noutput = "y"\n'
-        'op = ["layer_norm", "batch_norm"]\n'
+        'op = ["layer_norm", "batch_norm", "add_layer_norm"]\n'
         'band = [1.0, 1e15]\nreason = "bias is not applied"\n',
     )
     run = suite(

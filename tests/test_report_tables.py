@@ -109,6 +109,21 @@ def test_deviations_come_from_the_ledger_entries_the_run_recorded(tmp_path):
     assert row.link == ""  # only http(s) links are made clickable
 
 
+def test_a_deviation_shows_the_info_its_entry_requires(tmp_path):
+    entry = {
+        "index": 0,
+        "match": {"backend": ["beta"], "check": ["forward"], "output": ["y"]},
+        "band": [1.0, 4.0],
+        "reason": "beta lowers to bf16 where the CPU has it",
+        "link": "",
+        "info": {"inference_precision_hint": ["bf16"]},
+    }
+    ledger = {"path": "/nowhere/ledger.toml", "sha256": "1" * 64, "entries": [entry]}
+    d = sections.deviations(runs.load([write(tmp_path / "r.jsonl", standard_records(), ledger=ledger)]))
+    (row,) = d.rows
+    assert ("info.inference_precision_hint", "bf16") in row.match
+
+
 def test_deviations_without_recorded_entries_come_from_the_results(one_run):
     d = sections.deviations(one_run)
     assert [(r.index, r.xfailed, r.measured, r.reason) for r in d.rows] == [

@@ -1,5 +1,6 @@
-"""The triton adapter and its run mode: capabilities, outputs, recorded info, and what happens when
-Triton cannot run or was imported by someone else first."""
+"""The triton and triton-inplace adapters and their run mode: capabilities, outputs, the residual
+conventions and the aliasing contract through the suite's own checks, recorded info, and what happens
+when Triton cannot run or was imported by someone else first."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -20,23 +20,47 @@ from conftest import ROOT  # noqa: E402
 
 from backends import triton_backend  # noqa: E402
 from backends.triton_kernels import mode  # noqa: E402
-from conformance import BackendUnavailable, Case  # noqa: E402
+from conformance import BackendUnavailable, Case, Unsupported  # noqa: E402
 from conformance.adapter import listing, registry  # noqa: E402
+from conformance.judging import tolerances  # noqa: E402
+from conformance.model.dtypes import numpy_dtype  # noqa: E402
 from conformance.model.inputs import make_inputs  # noqa: E402
-from conformance.model.outputs import produced  # noqa: E402
+from conformance.model.outputs import output_dtype, output_shape, produced  # noqa: E402
+from conformance.running import checks  # noqa: E402
+from conformance.running.settings import load_ledger  # noqa: E402
 
 RUN = mode.select()
 BACKEND = triton_backend.TritonBackend()
+IN_PLACE = triton_backend.TritonInPlaceBackend()
 
 
 def test_capabilities_declare_ops_dtypes_features_and_the_mode():
     caps = BACKEND.capabilities()
-    assert caps.ops == {"layer_norm", "rms_norm", "add_rms_norm", "group_norm", "instance_norm"}
+    assert caps.ops == {
+        "layer_norm",
+        "rms_norm",
+        "add_rms_norm",
+        "add_layer_norm",
+        "group_norm",
+        "instance_norm",
+    }
     assert caps.dtypes == {"float64", "float32", "float16", "bfloat16"}
     assert {"backward", "weight_offset", "param_dtype", "multi_axis", "running_stats"} <= caps.features
+    assert {"residual_dtype", "exact_sum"} <= caps.features
+    assert caps.aliases == {"dresidual": "dx"}
     assert caps.notes["mode"].startswith(RUN.name)
     assert caps.device == RUN.device
     assert caps.why_not(Case("batch_norm", (4, 3), "float32", 1e-5)) is not None
+
+
+def test_the_in_place_variant_declares_its_buffers_and_no_backward():
+    caps = IN_PLACE.capabilities()
+    assert caps.ops == {"add_rms_norm", "add_layer_norm"}
+    assert caps.aliases == {"y": "x", "residual_out": "residual"}
+    assert "exact_sum" in caps.features and "backward" not in caps.features
+    wide = Case("add_rms_norm", (4, 24), "bfloat16", 1e-6, residual_dtype="float32")
+    assert "residual_dtype" in (caps.why_not(wide) or "") and "residual_dtype" in caps.notes
+    assert caps.why_not(Case("add_rms_norm", (4, 24), "bfloat16", 1e-6), grad=True) is not None
 
 
 def test_channels_last_is_left_out_with_the_reason():
@@ -58,6 +82,9 @@ def test_without_a_gpu_the_interpreter_is_switched_on():
         Case("layer_norm", (3, 4, 10), "bfloat16", 1e-5, norm_ndim=2),
         Case("rms_norm", (5, 33), "float16", 1e-6, param_dtype="float32", weight_offset=1.0),
         Case("add_rms_norm", (4, 24), "bfloat16", 1e-6),
+        Case("add_rms_norm", (4, 24), "float16", 1e-6, residual_dtype="float32", weight_offset=1.0),
+        Case("add_layer_norm", (2, 3, 8), "bfloat16", 1e-5, norm_ndim=2, norm_input="exact"),
+        Case("add_layer_norm", (4, 24), "bfloat16", 1e-5, residual_dtype="float32", param_dtype="float32"),
         Case("layer_norm", (4, 24), "float64", 1e-5, weight=False, bias=False),
         Case("group_norm", (2, 6, 5), "bfloat16", 1e-5, num_groups=3, param_dtype="float32"),
         Case("instance_norm", (2, 3, 6), "float32", 1e-5, weight=False, bias=False),
@@ -83,10 +110,8 @@ def test_outputs_have_the_contract_keys_shapes_and_dtypes(case):
     first = prepared.outputs()
     assert set(first) == set(produced(case, True))
     for name, value in first.items():
-        activation = name in ("y", "dx", "residual_out")
-        assert value.shape == (case.shape if activation else case.param_shape)
-        expected = case.dtype if activation else case.weight_dtype
-        assert value.dtype == (ml_dtypes.bfloat16 if expected == "bfloat16" else np.dtype(expected))
+        assert value.shape == output_shape(case, name)
+        assert value.dtype == numpy_dtype(output_dtype(case, name)), name
     prepared()
     second = prepared.outputs()
     for name in first:
@@ -130,10 +155,83 @@ def test_a_training_call_starts_from_the_prepared_running_statistics():
 
 def test_forward_only_preparation_returns_forward_outputs():
     case = Case("add_rms_norm", (4, 24), "float32", 1e-6)
-    inputs = {k: v for k, v in make_inputs(case, grad=True).items() if k != "dy"}
+    inputs = make_inputs(case, grad=False)
     prepared = BACKEND.prepare(case, inputs, grad=False)
     prepared()
     assert set(prepared.outputs()) == {"y", "residual_out"}
+
+
+# The residual stream's conventions on small rows: (residual_dtype, norm_input).
+CONVENTIONS = [(None, "rounded"), (None, "exact"), ("float32", "rounded"), ("float32", "exact")]
+CTX = checks.CheckContext(tolerances.load(), load_ledger(), timeout=300)
+
+
+def _add_case(op, stream, norm_input, dtype="bfloat16", shape=(6, 40)):
+    eps = 1e-6 if op == "add_rms_norm" else 1e-5
+    return Case(op, shape, dtype, eps, residual_dtype=stream, norm_input=norm_input)
+
+
+@pytest.mark.parametrize("op", ["add_rms_norm", "add_layer_norm"])
+@pytest.mark.parametrize(("stream", "norm_input"), CONVENTIONS)
+@pytest.mark.parametrize("check", ["forward", "backward", "aliasing"])
+def test_each_residual_convention_passes_the_suite_checks(op, stream, norm_input, check):
+    case = _add_case(op, stream, norm_input)
+    result = checks.run_check(check, BACKEND, BACKEND.capabilities(), case, CTX)
+    assert result.outcome == "passed", result.reason
+    if check == "aliasing":
+        assert result.extra["info"]["memory_evidence"] == "buffers()"
+
+
+@pytest.mark.parametrize(("stream", "shared"), [(None, True), ("float32", False)])
+def test_dx_and_dresidual_share_one_buffer_only_with_one_stream_dtype(stream, shared):
+    case = _add_case("add_layer_norm", stream, "rounded")
+    prepared = BACKEND.prepare(case, make_inputs(case, grad=True), grad=True)
+    prepared()
+    buffers = prepared.buffers()
+    assert (buffers["dx"].data_ptr() == buffers["dresidual"].data_ptr()) is shared
+    # Every other output has memory of its own, apart from every input.
+    inputs = {"x", "residual", "weight", "bias", "dy", "dresidual_out"}
+    places = {name: buffers[name].data_ptr() for name in buffers if name != "dresidual"}
+    assert len(set(places.values())) == len(places) and inputs < set(places)
+
+
+@pytest.mark.parametrize("op", ["add_rms_norm", "add_layer_norm"])
+@pytest.mark.parametrize("norm_input", ["rounded", "exact"])
+@pytest.mark.parametrize("check", ["forward", "aliasing", "inputs_unchanged", "determinism"])
+def test_the_in_place_variant_passes_the_suite_checks(op, norm_input, check):
+    case = _add_case(op, None, norm_input, shape=(3, 4, 10))
+    result = checks.run_check(check, IN_PLACE, IN_PLACE.capabilities(), case, CTX)
+    assert result.outcome == "passed", result.reason
+
+
+@pytest.mark.parametrize("op", ["add_rms_norm", "add_layer_norm"])
+def test_the_in_place_variant_writes_the_given_arrays_with_the_out_of_place_bits(op):
+    case = _add_case(op, None, "exact", dtype="float16")
+    inputs = make_inputs(case, grad=False)
+    given = {k: v.copy() for k, v in inputs.items()}
+    out_of_place = BACKEND.prepare(case, inputs, grad=False)
+    out_of_place()
+    expected = out_of_place.outputs()
+    prepared = IN_PLACE.prepare(case, given, grad=False)
+    for _ in range(2):  # each call starts again from the inputs as given
+        prepared()
+        outputs = prepared.outputs()
+        for name in ("y", "residual_out"):
+            assert outputs[name].tobytes() == expected[name].tobytes(), name
+    if RUN.device == "cpu":
+        # On the CPU the kernel's buffers are the caller's arrays themselves.
+        assert given["x"].tobytes() == expected["y"].tobytes()
+        assert given["residual"].tobytes() == expected["residual_out"].tobytes()
+    assert given["weight"].tobytes() == inputs["weight"].tobytes()
+
+
+@pytest.mark.skipif(RUN.device != "cpu", reason="on a GPU the kernel writes device copies")
+def test_the_in_place_variant_refuses_arrays_it_cannot_write():
+    case = _add_case("add_rms_norm", None, "rounded")
+    inputs = make_inputs(case, grad=False)
+    inputs["residual"].flags.writeable = False
+    with pytest.raises(Unsupported, match="writable"):
+        IN_PLACE.prepare(case, inputs, grad=False)
 
 
 def test_no_way_to_run_is_backend_unavailable_with_the_reason(monkeypatch):
@@ -247,4 +345,46 @@ print("compiled")
 def test_group_norm_kernels_compile_for_a_gpu():
     pytest.importorskip("triton.backends.nvidia")
     done = _python(_AOT)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+
+
+# The row kernels' variants for a GPU likewise: plain, fused with the residual add (stored or exact sum,
+# a float32 stream), one chunk or several; backward with the exact sum re-formed, residual_out's
+# cotangent and a dresidual buffer of its own.
+_AOT_ROWS = """
+import functools
+from backends.triton_kernels import mode
+mode.select = functools.cache(lambda: mode.Mode(False, "cuda", "ahead-of-time compile check"))
+mode.select()
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from backends.triton_kernels import layer_norm as L, rms_norm as R
+
+def build(fn, types, **consts):
+    names = [n for n in fn.arg_names if n not in consts]
+    source = ASTSource(fn=fn, signature=dict(zip(names, types.split())), constexprs=consts)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    assert kernel.asm["cubin"], fn.__name__
+
+forward = ((True, False, False), (True, True, False), (True, True, True), (False, True, True))
+for one, res, exact in forward:
+    common = dict(HAS_RES=res, EXACT=exact, HAS_W=True, ACC=tl.float32, BLOCK_M=2, BLOCK_N=256, ONE_CHUNK=one)
+    ln = "*bf16 *fp32 *fp32 *fp32 *fp32 *bf16 *fp32 *fp32 *fp32 i32 i32"
+    build(L.layer_norm_fwd, ln, HAS_B=True, **common)
+    build(R.rms_norm_fwd, "*bf16 *fp32 *fp32 *fp32 *bf16 *fp32 *fp32 i32 i32", **common)
+backward = ((True, False, False, False), (True, True, True, True), (False, False, True, False))
+for one, summed, dres_out, own in backward:
+    common = dict(SUM=summed, HAS_DRES_OUT=dres_out, OWN_DRES=own, HAS_W=True, WANT_DW=True, ACC=tl.float32,
+                  BLOCK_M=2, BLOCK_N=256, ONE_CHUNK=one)
+    build(L.layer_norm_bwd, "*bf16 *fp32 *fp32 *bf16 *fp32 *fp32 *fp32 *bf16 *fp32 *fp32 *fp32 i32 i32",
+          WANT_DB=True, **common)
+    build(R.rms_norm_bwd, "*bf16 *fp32 *fp32 *fp32 *bf16 *fp32 *fp32 *bf16 *fp32 *fp32 i32 i32", **common)
+print("compiled")
+"""
+
+
+def test_row_kernels_compile_for_a_gpu():
+    pytest.importorskip("triton.backends.nvidia")
+    done = _python(_AOT_ROWS)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

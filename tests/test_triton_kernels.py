@@ -1,5 +1,6 @@
 """normconf's Triton kernels through their autograd.Functions: masking, multi-chunk rows, row tails,
-float32 statistics, deterministic dweight, and gradients against float64 torch autograd.
+float32 statistics, deterministic dweight, the fused residual add's conventions and in-place form, and
+gradients against float64 torch autograd.
 
 Runs natively on a GPU, else under the Triton interpreter; shapes stay small so the interpreter is fast.
 """
@@ -19,6 +20,8 @@ from backends.triton_kernels import functions as F  # noqa: E402
 # Forces several chunks per row, several rows per tile and a strided backward loop on small shapes.
 SMALL = blocks.Policy(max_block_n=64, tile=256, max_programs=3)
 HALF_BOUND = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float64: 1e-12}
+ADD_OPS = ("add_rms_norm", "add_layer_norm")
+LN_OPS = ("layer_norm", "add_layer_norm")
 
 
 def _t(shape, dtype, *, scale=1.0, shift=0.0, seed=0, grad=False):
@@ -27,35 +30,41 @@ def _t(shape, dtype, *, scale=1.0, shift=0.0, seed=0, grad=False):
     return value.to(dtype).to(DEVICE).requires_grad_(grad)
 
 
-def _ref(op, x, w, b, residual, eps, offset, dy):
-    """float64 torch autograd on the same (rounded) inputs: (outputs, grads of x, w, b)."""
-    leaves = [v.detach().double().requires_grad_() if v is not None else None for v in (x, w, b)]
-    x64, w64, b64 = leaves
+def _ref(op, x, w, b, residual, eps, offset, cotangents, exact=False):
+    """float64 torch autograd on the same (rounded) inputs: (outputs, grads of x, residual, w, b).
+
+    The add ops: h = x + residual (exact in float64), stored rounded once to residual's dtype; the
+    norm reads the stored h (its rounding has derivative 1) or, ``exact``, the sum itself."""
+    leaves = [v.detach().double().requires_grad_() if v is not None else None for v in (x, residual, w, b)]
+    x64, r64, w64, b64 = leaves
     n = x.shape[-1:]
-    if op == "layer_norm":
-        outs = [torch.nn.functional.layer_norm(x64, n, w64, b64, eps)]
+    h = x64
+    if residual is not None:
+        total = x64 + r64
+        stored = total + (total.detach().to(residual.dtype).double() - total).detach()
+        h = total if exact else stored
+    if op in LN_OPS:
+        outs = [torch.nn.functional.layer_norm(h, n, w64, b64, eps)]
     else:
-        h = x64
-        if residual is not None:
-            rounded = (x.detach().double() + residual.double()).to(x.dtype).double()
-            h = x64 + (rounded - x64).detach()  # the rounded sum, with d/dx = 1
-        scale = None if w64 is None else offset + w64
-        outs = [torch.nn.functional.rms_norm(h, n, scale, eps)]
-        if residual is not None:
-            outs.append(h)
-    grads = torch.autograd.grad(outs[0], [v for v in leaves if v is not None], dy.double())
+        outs = [torch.nn.functional.rms_norm(h, n, None if w64 is None else offset + w64, eps)]
+    if residual is not None:
+        outs.append(stored)
+    live = [v for v in leaves if v is not None]
+    grads = torch.autograd.grad(outs, live, [c.double() for c in cotangents])
     return [o.detach() for o in outs], grads
 
 
-def _run(op, x, w, b, residual, eps, offset, dy, pol):
+def _run(op, x, w, b, residual, eps, offset, cotangents, pol, exact=False):
     n = x.shape[-1:]
     if op == "layer_norm":
         outs = [F.layer_norm(x, n, w, b, eps=eps, pol=pol)]
     elif op == "rms_norm":
         outs = [F.rms_norm(x, n, w, eps=eps, weight_offset=offset, pol=pol)]
+    elif op == "add_rms_norm":
+        outs = list(F.add_rms_norm(x, residual, n, w, eps=eps, weight_offset=offset, exact=exact, pol=pol))
     else:
-        outs = list(F.add_rms_norm(x, residual, n, w, eps=eps, weight_offset=offset, pol=pol))
-    grads = torch.autograd.grad(outs[0], [v for v in (x, w, b) if v is not None], dy)
+        outs = list(F.add_layer_norm(x, residual, n, w, b, eps=eps, exact=exact, pol=pol))
+    grads = torch.autograd.grad(outs, [v for v in (x, residual, w, b) if v is not None], cotangents)
     return outs, grads
 
 
@@ -64,27 +73,47 @@ def _close(actual, expected, dtype):
     assert err <= HALF_BOUND[dtype] * max(1.0, expected.abs().max().item()), err
 
 
-def _check(op, shape, dtype, pol, *, weight=True, bias=None, param=None, offset=0.0, shift=0.0):
+def _check(
+    op,
+    shape,
+    dtype,
+    pol,
+    *,
+    weight=True,
+    bias=None,
+    param=None,
+    offset=0.0,
+    shift=0.0,
+    stream=None,
+    exact=False,
+):
+    """Outputs and every gradient of ``op`` against float64 autograd; the add ops' ``stream`` is
+    residual's dtype (default x's), ``exact`` has the norm read the unrounded sum."""
     n = shape[-1]
-    bias = op == "layer_norm" if bias is None else bias
+    bias = op in LN_OPS if bias is None else bias
     x = _t(shape, dtype, shift=shift, grad=True)
     w = _t((n,), param or dtype, scale=0.2, shift=1.0, seed=1, grad=True) if weight else None
     b = _t((n,), param or dtype, scale=0.2, seed=2, grad=True) if bias else None
-    residual = _t(shape, dtype, seed=3) if op == "add_rms_norm" else None
-    dy = _t(shape, dtype, seed=4)
-    outs, grads = _run(op, x, w, b, residual, 1e-5, offset, dy, pol)
-    ref_outs, ref_grads = _ref(op, x, w, b, residual, 1e-5, offset, dy)
-    for actual, expected in zip(outs, ref_outs, strict=True):
-        assert actual.dtype == dtype
-        _close(actual, expected, dtype)
-    for actual, leaf, expected in zip(grads, [v for v in (x, w, b) if v is not None], ref_grads, strict=True):
+    residual = _t(shape, stream or dtype, seed=3, grad=True) if op in ADD_OPS else None
+    cotangents = [_t(shape, dtype, seed=4)]
+    if residual is not None:
+        cotangents.append(_t(shape, residual.dtype, seed=5))
+    outs, grads = _run(op, x, w, b, residual, 1e-5, offset, cotangents, pol, exact)
+    ref_outs, ref_grads = _ref(op, x, w, b, residual, 1e-5, offset, cotangents, exact)
+    assert outs[0].dtype == dtype
+    _close(outs[0], ref_outs[0], dtype)
+    if residual is not None:
+        # residual_out is the exact sum rounded once to the stream's dtype: bit for bit.
+        assert outs[1].dtype == residual.dtype and torch.equal(outs[1].double().cpu(), ref_outs[1].cpu())
+    leaves = [v for v in (x, residual, w, b) if v is not None]
+    for actual, leaf, expected in zip(grads, leaves, ref_grads, strict=True):
         assert actual.dtype == leaf.dtype and actual.shape == leaf.shape
         # dweight/dbias sum over rows: judge them relative to their own size.
         _close(actual, expected, leaf.dtype)
     return outs, grads
 
 
-OPS = ("layer_norm", "rms_norm", "add_rms_norm")
+OPS = ("layer_norm", "rms_norm", *ADD_OPS)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -98,7 +127,7 @@ def test_rows_shorter_than_the_block_leave_padded_lanes_out(op, n):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_rows_longer_than_a_chunk_loop_over_chunks(op, dtype):
     assert blocks.forward(7, 300, SMALL).chunks == 5
-    _check(op, (7, 300), dtype, SMALL, offset=1.0 if op != "layer_norm" else 0.0, shift=3.0)
+    _check(op, (7, 300), dtype, SMALL, offset=1.0 if "rms" in op else 0.0, shift=3.0)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -114,9 +143,10 @@ def test_a_partial_last_tile_of_rows(op):
     _check(op, (37, 64), torch.bfloat16, SMALL)
 
 
+@pytest.mark.parametrize("op", LN_OPS)
 @pytest.mark.parametrize(("weight", "bias"), [(False, True), (True, False), (False, False)])
-def test_layer_norm_affine_variants(weight, bias):
-    _check("layer_norm", (6, 33), torch.float32, SMALL, weight=weight, bias=bias)
+def test_layer_norm_affine_variants(op, weight, bias):
+    _check(op, (6, 33), torch.float32, SMALL, weight=weight, bias=bias)
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm"])
@@ -127,7 +157,7 @@ def test_rms_without_weight(op):
 @pytest.mark.parametrize("op", OPS)
 def test_half_activations_with_float32_parameters(op):
     _, grads = _check(op, (8, 200), torch.bfloat16, SMALL, param=torch.float32)
-    assert grads[1].dtype == torch.float32
+    assert grads[-2 if op in LN_OPS else -1].dtype == torch.float32
 
 
 def test_statistics_are_float32_for_half_inputs():
@@ -137,10 +167,103 @@ def test_statistics_are_float32_for_half_inputs():
     _check("rms_norm", (2, 4096), torch.float16, blocks.INTERPRETED, shift=1000.0)
 
 
+# ---------------------------------------------------------------- the residual stream's conventions
+
+# (activations, residual stream, the norm reads the exact sum): each convention of Case.residual_dtype
+# and Case.norm_input, in the dtypes the ci profile runs them.
+CONVENTIONS = [
+    (torch.bfloat16, torch.bfloat16, False),
+    (torch.bfloat16, torch.bfloat16, True),
+    (torch.bfloat16, torch.float32, False),
+    (torch.float16, torch.float32, True),
+    (torch.float32, torch.float32, True),
+]
+
+
+@pytest.mark.parametrize("op", ADD_OPS)
+@pytest.mark.parametrize(("dtype", "stream", "exact"), CONVENTIONS, ids=str)
+@pytest.mark.parametrize("pol", [blocks.INTERPRETED, SMALL], ids=["one-chunk", "chunks"])
+def test_each_residual_convention_forward_and_backward(op, dtype, stream, exact, pol):
+    _check(op, (6, 150), dtype, pol, stream=stream, exact=exact, offset=0.5 if "rms" in op else 0.0)
+
+
+@pytest.mark.parametrize("op", ADD_OPS)
+@pytest.mark.parametrize("pol", [blocks.INTERPRETED, SMALL], ids=["one-chunk", "chunks"])
+def test_each_sum_convention_is_the_one_computed(op, pol):
+    # Values near 64 with residuals of ~0.25: bfloat16 (8 bits) rounds most of each residual away, so
+    # the two conventions differ by about half an ulp of y everywhere. Over 4096 values each convention's
+    # output lies closer, on average, to its own float64 reference than to the other's.
+    x = _t((16, 256), torch.bfloat16, scale=64.0)
+    residual = _t((16, 256), torch.bfloat16, scale=0.25, seed=6)
+    fn = F.add_layer_norm if op in LN_OPS else F.add_rms_norm
+    cotangents = [torch.ones_like(x)] * 2
+    refs = {exact: _ref(op, x, None, None, residual, 1e-5, 0.0, cotangents, exact)[0][0] for exact in (0, 1)}
+    for exact in (False, True):
+        y, h = fn(x, residual, (256,), eps=1e-5, exact=exact, pol=pol)
+        own, other = ((y.double().cpu() - refs[e].cpu()).abs().mean().item() for e in (exact, not exact))
+        assert own < 0.9 * other, (exact, own, other)
+        assert torch.equal(h, (x.double() + residual.double()).to(torch.bfloat16))  # stored alike
+
+
 def test_residual_out_is_the_sum_rounded_once():
     x, residual = _t((4, 100), torch.bfloat16), _t((4, 100), torch.bfloat16, seed=5)
     _, h = F.add_rms_norm(x, residual, (100,), None, eps=1e-6)
     assert torch.equal(h, x + residual)  # torch rounds the bfloat16 sum to nearest even too
+    # A float32 stream keeps the float32 sum: x is upcast, never residual rounded down.
+    wide = _t((4, 100), torch.float32, seed=5)
+    _, h = F.add_layer_norm(x, wide, (100,), None, None, eps=1e-6)
+    assert h.dtype == torch.float32 and torch.equal(h, x.float() + wide)
+
+
+@pytest.mark.parametrize("op", ADD_OPS)
+def test_one_stream_dtype_hands_out_one_gradient_tensor(op):
+    # dL/dx and dL/dresidual are the same values; with one dtype they are one tensor (as autograd's add
+    # does), with a float32 stream dresidual has its own float32 buffer.
+    for stream, shared in ((torch.bfloat16, True), (torch.float32, False)):
+        x, residual = _t((3, 16), torch.bfloat16, grad=True), _t((3, 16), stream, seed=1, grad=True)
+        fn = F.add_layer_norm if op in LN_OPS else F.add_rms_norm
+        y, h = fn(x, residual, (16,), eps=1e-5)
+        dx, dres = torch.autograd.grad([y, h], [x, residual], [torch.ones_like(y), torch.ones_like(h)])
+        assert (dx.data_ptr() == dres.data_ptr()) is shared and dres.dtype == stream
+
+
+@pytest.mark.parametrize("op", ADD_OPS)
+def test_a_gradient_through_residual_out_alone(op):
+    # Only residual_out used downstream: y's cotangent is None and dL/dh is residual_out's cotangent.
+    x, residual = _t((3, 16), torch.float32, grad=True), _t((3, 16), torch.float32, seed=1, grad=True)
+    fn = F.add_layer_norm if op in LN_OPS else F.add_rms_norm
+    _, h = fn(x, residual, (16,), eps=1e-5)
+    g = _t((3, 16), torch.float32, seed=2)
+    dx, dres = torch.autograd.grad(h, [x, residual], g)
+    assert torch.equal(dx, g) and torch.equal(dres, g)
+
+
+# ---------------------------------------------------------------- in place
+
+
+@pytest.mark.parametrize("op", ADD_OPS)
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("pol", [blocks.INTERPRETED, SMALL], ids=["one-chunk", "chunks"])
+def test_in_place_writes_the_out_of_place_bits_into_x_and_residual(op, exact, pol):
+    # Chunked rows read x and residual in every pass and write only in the last: in place, an earlier
+    # write would feed y back into the statistics.
+    x, residual = _t((5, 150), torch.bfloat16, shift=2.0), _t((5, 150), torch.bfloat16, seed=1)
+    w, b = _t((150,), torch.float32, seed=2), _t((150,), torch.float32, seed=3)
+    if op in LN_OPS:
+        y, h = F.add_layer_norm(x, residual, (150,), w, b, eps=1e-5, exact=exact, pol=pol)
+        out = F.add_layer_norm_(x, residual, (150,), w, b, eps=1e-5, exact=exact, pol=pol)
+    else:
+        y, h = F.add_rms_norm(x, residual, (150,), w, eps=1e-5, weight_offset=1.0, exact=exact, pol=pol)
+        out = F.add_rms_norm_(x, residual, (150,), w, eps=1e-5, weight_offset=1.0, exact=exact, pol=pol)
+    assert out[0] is x and out[1] is residual
+    assert torch.equal(x.view(torch.int16), y.view(torch.int16))
+    assert torch.equal(residual.view(torch.int16), h.view(torch.int16))
+
+
+def test_in_place_refuses_buffers_it_cannot_write_through():
+    x = _t((8, 6), torch.float32)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        F.add_rms_norm_(x.t(), x.t().clone(), (8,), eps=1e-5)
 
 
 def test_multi_axis_rows_are_the_flattened_trailing_dims():
@@ -156,15 +279,19 @@ def test_dweight_has_the_same_bits_on_every_run(op):
     # 32 tiles of 16 rows over 5 programs: several tiles per program, then the second reduction.
     bits = []
     for _ in range(2):
+        residual = _t((512, 48), torch.bfloat16, seed=3, grad=True) if op in ADD_OPS else None
+        cotangents = [_t((512, 48), torch.bfloat16, seed=4)]
+        if residual is not None:
+            cotangents.append(_t((512, 48), torch.bfloat16, seed=5))
         _, grads = _run(
             op,
             _t((512, 48), torch.bfloat16, grad=True),
             _t((48,), torch.float32, seed=1, grad=True),
-            _t((48,), torch.float32, seed=2, grad=True) if op == "layer_norm" else None,
-            _t((512, 48), torch.bfloat16, seed=3) if op == "add_rms_norm" else None,
+            _t((48,), torch.float32, seed=2, grad=True) if op in LN_OPS else None,
+            residual,
             1e-5,
             0.0,
-            _t((512, 48), torch.bfloat16, seed=4),
+            cotangents,
             blocks.Policy(max_block_n=4096, tile=1024, max_programs=5),
         )
         bits.append([g.cpu().view(torch.int16 if g.dtype == torch.bfloat16 else torch.int32) for g in grads])
@@ -179,26 +306,29 @@ def test_gradients_pass_gradcheck_in_float64(op):
     assert blocks.backward(3, 9, tiny) == blocks.Blocks(2, 4, 3, 1, 2)
     x = _t((3, 9), torch.float64, grad=True)
     w = _t((9,), torch.float64, seed=1, shift=1.0, grad=True)
-    if op == "layer_norm":
-        b = _t((9,), torch.float64, seed=2, grad=True)
-        fn = lambda x, w, b: F.layer_norm(x, (9,), w, b, eps=1e-5, pol=tiny)  # noqa: E731
-        inputs = (x, w, b)
-    elif op == "rms_norm":
-        fn = lambda x, w: F.rms_norm(x, (9,), w, eps=1e-5, weight_offset=0.5, pol=tiny)  # noqa: E731
-        inputs = (x, w)
-    else:
-        r = _t((3, 9), torch.float64, seed=3, grad=True)
-        # Both outputs: residual_out's own upstream gradient flows back to x and residual too.
-        fn = lambda x, r, w: F.add_rms_norm(x, r, (9,), w, eps=1e-5, pol=tiny)  # noqa: E731
-        inputs = (x, r, w)
+    b = _t((9,), torch.float64, seed=2, grad=True)
+    r = _t((3, 9), torch.float64, seed=3, grad=True)
+    # The add ops: both outputs, so residual_out's own upstream gradient flows back to x and residual too.
+    fns = {
+        "layer_norm": (lambda x, w, b: F.layer_norm(x, (9,), w, b, eps=1e-5, pol=tiny), (x, w, b)),
+        "rms_norm": (lambda x, w: F.rms_norm(x, (9,), w, eps=1e-5, weight_offset=0.5, pol=tiny), (x, w)),
+        "add_rms_norm": (lambda x, r, w: F.add_rms_norm(x, r, (9,), w, eps=1e-5, pol=tiny), (x, r, w)),
+        "add_layer_norm": (
+            lambda x, r, w, b: F.add_layer_norm(x, r, (9,), w, b, eps=1e-5, pol=tiny),
+            (x, r, w, b),
+        ),
+    }
+    fn, inputs = fns[op]
     # fast_mode: random projections of the Jacobian, so a handful of interpreted launches suffice.
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-8, fast_mode=True)
 
 
-def test_residual_must_match_x():
+def test_residual_must_match_x_in_shape():
     x = _t((2, 8), torch.float32)
     with pytest.raises(ValueError, match="must match"):
-        F.add_rms_norm(x, x.to(torch.float64), (8,), None, eps=1e-6)
+        F.add_rms_norm(x, x[:, :4].to(torch.float64), (8,), None, eps=1e-6)
+    with pytest.raises(ValueError, match="must match"):
+        F.add_layer_norm(x, x[:1], (8,), None, None, eps=1e-6)
 
 
 # ---------------------------------------------------------------- GroupNorm / InstanceNorm

@@ -5,6 +5,9 @@ block, so the suite must fail it on exactly the other row lengths, naming y and 
 while the same kernel with the lanes masked out passes every case. The triton backend's GroupNorm
 kernels with statistics per channel must fail exactly where a group holds several channels, and with
 dweight reduced blind to the group exactly where there are several groups; wired right, they pass.
+The in-place add + norm kernels (triton-inplace) must fail the aliasing check when the residual buffer
+is written undeclared or left holding a stale value, and the determinism check when the inputs are not
+restored before each call, while the values they return stay right.
 """
 
 from __future__ import annotations
@@ -127,3 +130,68 @@ def test_the_group_norm_kernels_wired_right_pass(gn_run):
     records = [r for r in gn_run.records if r["backend"] == GN_CONTROL]
     assert {r["outcome"] for r in records} == {"passed"}
     assert {r["check"] for r in records} >= {"forward", "backward", "determinism", "inputs_unchanged"}
+
+
+IN_PLACE = "fake-triton-inplace"
+UNDECLARED, STALE, NO_RESTORE = (f"{IN_PLACE}-{bug}" for bug in ("undeclared", "stale", "no-restore"))
+
+
+@pytest.fixture(scope="module")
+def in_place_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("triton-inplace-meta")
+    cases = [
+        {"op": op, "shape": [4, 40], "dtype": dtype, "eps": 1e-5, "norm_input": norm_input}
+        for op in ("add_rms_norm", "add_layer_norm")
+        for dtype, norm_input in (("bfloat16", "rounded"), ("bfloat16", "exact"), ("float32", "rounded"))
+    ]
+    (folder / "add.json").write_text(json.dumps(cases))
+    backends = ",".join((IN_PLACE, UNDECLARED, STALE, NO_RESTORE))
+    args = ("--backend", backends, "--cases", str(folder / "add.json"))
+    return run_suite(folder, *args, "-p", "normconf_triton_fakes")
+
+
+def _outcomes(run, backend, check):
+    return {r["outcome"] for r in _by_check(run, backend, check)}
+
+
+def test_the_in_place_kernels_declared_and_restored_pass(in_place_run):
+    records = [r for r in in_place_run.records if r["backend"] == IN_PLACE]
+    # Forward only: the backward is unsupported, never passed.
+    assert {(r["check"], r["outcome"]) for r in records} == {
+        ("forward", "passed"),
+        ("inputs_unchanged", "passed"),
+        ("aliasing", "passed"),
+        ("determinism", "passed"),
+        ("backward", "unsupported"),
+    }
+    assert len(records) == 6 * 5
+
+
+def test_an_undeclared_in_place_residual_is_caught(in_place_run):
+    assert in_place_run.returncode == 1, in_place_run.output[-3000:]
+    assert _outcomes(in_place_run, UNDECLARED, "forward") == {"passed"}  # the values are right
+    records = _by_check(in_place_run, UNDECLARED, "aliasing")
+    assert len(records) == 6 and {r["outcome"] for r in records} == {"failed"}
+    for record in records:
+        assert "output 'residual_out' shares memory with input 'residual'" in record["reason"]
+        assert "input 'residual' was written by the call" in record["reason"]
+        assert "'y'" not in record["reason"]  # y -> x is declared
+    # And the residual it was handed changed under the inputs_unchanged check.
+    assert _outcomes(in_place_run, UNDECLARED, "inputs_unchanged") == {"failed"}
+
+
+def test_a_declared_buffer_left_stale_is_caught(in_place_run):
+    assert _outcomes(in_place_run, STALE, "forward") == {"passed"}
+    assert _outcomes(in_place_run, STALE, "determinism") == {"passed"}
+    records = _by_check(in_place_run, STALE, "aliasing")
+    assert len(records) == 6 and {r["outcome"] for r in records} == {"failed"}
+    for record in records:
+        reason = record["reason"]
+        assert "input 'residual' is declared as" in reason and "does not hold the 'residual_out'" in reason
+
+
+def test_inputs_not_restored_before_each_call_are_caught(in_place_run):
+    # One call is right (forward, aliasing); the second starts from the first one's outputs.
+    for check in ("forward", "aliasing", "inputs_unchanged"):
+        assert _outcomes(in_place_run, NO_RESTORE, check) == {"passed"}, check
+    assert _outcomes(in_place_run, NO_RESTORE, "determinism") == {"failed"}

@@ -18,7 +18,16 @@ INTERPRET = "TRITON_INTERPRET"
 # Modules of this package that import Triton (and so decorate kernels when imported).
 KERNEL_MODULES = tuple(
     f"backends.triton_kernels.{name}"
-    for name in ("common", "layer_norm", "rms_norm", "group_norm", "reduce", "functions")
+    for name in (
+        "common",
+        "layer_norm",
+        "rms_norm",
+        "group_norm",
+        "reduce",
+        "launch",
+        "add_functions",
+        "functions",
+    )
 )
 
 

@@ -1,7 +1,8 @@
 """RMSNorm kernels, optionally fused with the residual add (add_rms_norm): forward and backward.
 
-y = h * rstd * (offset + w), rstd = rsqrt(mean(h^2) + eps), h = x or round(x + residual) (stored as
-residual_out, and normalized as stored). Statistics accumulate in ACC; masked lanes read 0 and add 0.
+y = h * rstd * (offset + w), rstd = rsqrt(mean(h^2) + eps), h = x or the sum x + residual (stored as
+residual_out in the stream's dtype; normalized as stored, or unrounded: common.py). Statistics
+accumulate in ACC; masked lanes read 0 and add 0.
 """
 
 from __future__ import annotations
@@ -13,20 +14,16 @@ mode.require_selected()
 import triton  # noqa: E402  (after the mode check: the interpreter must be chosen first)
 import triton.language as tl  # noqa: E402
 
-from backends.triton_kernels.common import add_up, load_param, load_tile, round_to, rsqrt  # noqa: E402
-
-
-@triton.jit
-def _input(X, RES, RES_OUT, offsets, ok, HAS_RES: tl.constexpr, ACC: tl.constexpr):
-    """The normalized input of one [BLOCK_M, BLOCK_N] chunk (``offsets`` and ``ok`` have that shape):
-    x, or h = x + residual rounded to the activation dtype and stored as residual_out (the residual
-    stream keeps that dtype; the oracle normalizes the stored h)."""
-    x = load_tile(X, offsets, ok, ACC)
-    if HAS_RES:
-        h = round_to(x + load_tile(RES, offsets, ok, ACC), RES_OUT.dtype.element_ty)
-        tl.store(RES_OUT + offsets, h, mask=ok)
-        x = h.to(ACC)
-    return x
+from backends.triton_kernels.common import (  # noqa: E402
+    add_up,
+    load_param,
+    load_tile,
+    norm_input,
+    round_to,
+    rsqrt,
+    saved_input,
+    store_grads,
+)
 
 
 @triton.jit
@@ -38,15 +35,16 @@ def _scale(W, SCALARS, cols, col_ok, ACC: tl.constexpr):
 @triton.jit(do_not_specialize=["n_rows"])  # it only bounds loops and masks: no variants
 def rms_norm_fwd(
     X,  # [n_rows, n_cols] activations, row-major
-    RES,  # [n_rows, n_cols] residual, activation dtype (read only if HAS_RES)
+    RES,  # [n_rows, n_cols] residual, stream dtype (read only if HAS_RES)
     W,  # [n_cols] weight, param dtype (read only if HAS_W)
     SCALARS,  # [2] ACC: eps, weight offset (a tensor so float64 runs get them unrounded)
-    Y,  # [n_rows, n_cols] output, activation dtype
-    RES_OUT,  # [n_rows, n_cols] output h = x + residual, activation dtype (written only if HAS_RES)
+    Y,  # [n_rows, n_cols] output, activation dtype (may be X itself: see common.norm_input)
+    RES_OUT,  # [n_rows, n_cols] output h = x + residual, stream dtype (written only if HAS_RES; may be RES)
     RSTD,  # [n_rows] ACC, saved for the backward
     n_rows,  # M: rows (every leading dim flattened)
     n_cols,  # N: normalized elements per row
     HAS_RES: tl.constexpr,
+    EXACT: tl.constexpr,  # normalize the ACC sum, not residual_out as stored
     HAS_W: tl.constexpr,
     ACC: tl.constexpr,  # tl.float32 or tl.float64
     BLOCK_M: tl.constexpr,  # rows per program
@@ -61,31 +59,27 @@ def rms_norm_fwd(
     if ONE_CHUNK:
         col_ok = lanes < n_cols
         ok = row_ok[:, None] & col_ok[None, :]
-        x = _input(X, RES, RES_OUT, base + lanes[None, :], ok, HAS_RES, ACC)
+        x = norm_input(X, RES, RES_OUT, base + lanes[None, :], ok, HAS_RES, EXACT, True, ACC)
         rstd = rsqrt(add_up(x * x, 1) / n_cols + eps, ACC)  # masked lanes are 0
         y = x * rstd[:, None]
         if HAS_W:
             y = y * _scale(W, SCALARS, lanes, col_ok, ACC)
         tl.store(Y + base + lanes[None, :], round_to(y, Y.dtype.element_ty), mask=ok)
     else:
+        # The second pass forms the sum again from x and the residual (the same bits) and is the only
+        # one that writes, so the kernel also runs in place.
         squares = tl.full([BLOCK_M, BLOCK_N], 0.0, ACC)
         for start in range(0, n_cols, BLOCK_N):
             cols = start + lanes
             ok = row_ok[:, None] & (cols < n_cols)[None, :]
-            x = _input(X, RES, RES_OUT, base + cols[None, :], ok, HAS_RES, ACC)
+            x = norm_input(X, RES, RES_OUT, base + cols[None, :], ok, HAS_RES, EXACT, False, ACC)
             squares += x * x
         rstd = rsqrt(add_up(squares, 1) / n_cols + eps, ACC)
-        if HAS_RES:
-            # The second pass reads h back from residual_out, written by other threads of this program.
-            tl.debug_barrier()
         for start in range(0, n_cols, BLOCK_N):
             cols = start + lanes
             col_ok = cols < n_cols
             ok = row_ok[:, None] & col_ok[None, :]
-            if HAS_RES:
-                x = load_tile(RES_OUT, base + cols[None, :], ok, ACC)
-            else:
-                x = load_tile(X, base + cols[None, :], ok, ACC)
+            x = norm_input(X, RES, RES_OUT, base + cols[None, :], ok, HAS_RES, EXACT, True, ACC)
             y = x * rstd[:, None]
             if HAS_W:
                 y = y * _scale(W, SCALARS, cols, col_ok, ACC)
@@ -94,12 +88,15 @@ def rms_norm_fwd(
 
 
 @triton.jit
-def _chunk(H, W, SCALARS, DY, base, cols, n_cols, row_ok, rstd, HAS_W: tl.constexpr, ACC: tl.constexpr):
+def _chunk(
+    H, RES, W, SCALARS, DY, base, cols, n_cols, row_ok, rstd, SUM: tl.constexpr, HAS_W: tl.constexpr,
+    ACC: tl.constexpr,
+):  # fmt: skip
     """One [BLOCK_M, BLOCK_N] chunk of the backward: (ok, xhat, dy, g = dy * (offset + w)), 0 when masked."""
     col_ok = cols < n_cols
     ok = row_ok[:, None] & col_ok[None, :]
     offsets = base + cols[None, :]
-    xhat = load_tile(H, offsets, ok, ACC) * rstd[:, None]
+    xhat = saved_input(H, RES, offsets, ok, SUM, ACC) * rstd[:, None]
     dy = load_tile(DY, offsets, ok, ACC)
     g = dy
     if HAS_W:
@@ -109,19 +106,23 @@ def _chunk(H, W, SCALARS, DY, base, cols, n_cols, row_ok, rstd, HAS_W: tl.conste
 
 @triton.jit(do_not_specialize=["n_rows"])  # it only bounds loops and masks: no variants
 def rms_norm_bwd(
-    H,  # [n_rows, n_cols] the normalized input: x, or residual_out for add_rms_norm
+    H,  # [n_rows, n_cols] the normalized input: x, residual_out (add, rounded), or x (add, exact: + RES)
+    RES,  # [n_rows, n_cols] residual, stream dtype (read only if SUM)
     W,  # [n_cols] weight, param dtype (read only if HAS_W)
     SCALARS,  # [2] ACC: eps, weight offset
     DY,  # [n_rows, n_cols] upstream gradient of y, activation dtype
-    DRES,  # [n_rows, n_cols] upstream gradient of residual_out (read only if HAS_DRES)
+    DRES_OUT,  # [n_rows, n_cols] upstream gradient of residual_out, stream dtype (read only if HAS_DRES_OUT)
     RSTD,  # [n_rows] ACC, from the forward
-    DX,  # [n_rows, n_cols] output: dL/dh (= dL/dx = dL/dresidual for add_rms_norm), activation dtype
+    DX,  # [n_rows, n_cols] output: dL/dx (for the add op dL/dh), activation dtype
+    DRES,  # [n_rows, n_cols] output: dL/dresidual = dL/dh, stream dtype (written only if OWN_DRES)
     DW_PART,  # [programs, n_cols] ACC, zeroed: row p = this program's sum of dy * xhat
     n_rows,  # M
     n_cols,  # N
+    SUM: tl.constexpr,  # the normalized input is H + RES (the exact sum, not saved)
+    HAS_DRES_OUT: tl.constexpr,
+    OWN_DRES: tl.constexpr,  # dresidual has its own dtype, so its own buffer
     HAS_W: tl.constexpr,
     WANT_DW: tl.constexpr,
-    HAS_DRES: tl.constexpr,
     ACC: tl.constexpr,  # tl.float32 or tl.float64
     BLOCK_M: tl.constexpr,  # rows per tile
     BLOCK_N: tl.constexpr,  # columns per chunk, a power of two
@@ -139,29 +140,29 @@ def rms_norm_bwd(
         base = rows.to(tl.int64)[:, None] * n_cols  # [BLOCK_M, 1]
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
         if ONE_CHUNK:
-            ok, xhat, dy, g = _chunk(H, W, SCALARS, DY, base, lanes, n_cols, row_ok, rstd, HAS_W, ACC)
+            ok, xhat, dy, g = _chunk(
+                H, RES, W, SCALARS, DY, base, lanes, n_cols, row_ok, rstd, SUM, HAS_W, ACC
+            )
             c1 = add_up(xhat * g, 1) / n_cols
             dx = (g - xhat * c1[:, None]) * rstd[:, None]
-            if HAS_DRES:
-                dx += load_tile(DRES, base + lanes[None, :], ok, ACC)
-            tl.store(DX + base + lanes[None, :], round_to(dx, DX.dtype.element_ty), mask=ok)
+            store_grads(DX, DRES_OUT, DRES, base + lanes[None, :], ok, dx, HAS_DRES_OUT, OWN_DRES, ACC)
             if WANT_DW:
                 dw += add_up(dy * xhat, 0)
         else:
             s1 = tl.full([BLOCK_M, BLOCK_N], 0.0, ACC)
             for start in range(0, n_cols, BLOCK_N):
                 ok, xhat, dy, g = _chunk(
-                    H, W, SCALARS, DY, base, start + lanes, n_cols, row_ok, rstd, HAS_W, ACC
+                    H, RES, W, SCALARS, DY, base, start + lanes, n_cols, row_ok, rstd, SUM, HAS_W, ACC
                 )
                 s1 += xhat * g
             c1 = add_up(s1, 1) / n_cols
             for start in range(0, n_cols, BLOCK_N):
                 cols = start + lanes
-                ok, xhat, dy, g = _chunk(H, W, SCALARS, DY, base, cols, n_cols, row_ok, rstd, HAS_W, ACC)
+                ok, xhat, dy, g = _chunk(
+                    H, RES, W, SCALARS, DY, base, cols, n_cols, row_ok, rstd, SUM, HAS_W, ACC
+                )
                 dx = (g - xhat * c1[:, None]) * rstd[:, None]
-                if HAS_DRES:
-                    dx += load_tile(DRES, base + cols[None, :], ok, ACC)
-                tl.store(DX + base + cols[None, :], round_to(dx, DX.dtype.element_ty), mask=ok)
+                store_grads(DX, DRES_OUT, DRES, base + cols[None, :], ok, dx, HAS_DRES_OUT, OWN_DRES, ACC)
                 if WANT_DW:
                     col_ok = cols < n_cols
                     acc = tl.load(DW_PART + part + cols, mask=col_ok, other=0.0)

@@ -47,6 +47,9 @@ class Capabilities:
     device_name: str = ""
     limits: Mapping[str, int] = field(default_factory=dict)
     notes: Mapping[str, str] = field(default_factory=dict)
+    # Output -> the input (written in place) or output it may share memory with by design; any other
+    # sharing fails the aliasing check (conformance.adapter.memory).
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
     def why_not(self, case: Case, *, grad: bool = False) -> str | None:
         """The reason this backend cannot run ``case`` (with gradients if ``grad``), or None."""
@@ -76,6 +79,7 @@ class Capabilities:
             "device_name": self.device_name,
             "limits": dict(self.limits),
             "notes": dict(self.notes),
+            "aliases": dict(self.aliases),
         }
 
 

@@ -6,6 +6,7 @@ abandoned on timeout (a daemon thread never blocks interpreter exit).
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from conformance.adapter import memory
 from conformance.adapter.backend import Backend, Unsupported
 from conformance.model.case import Case
 
@@ -37,6 +39,7 @@ class Execution:
     inputs: dict[str, np.ndarray]
     warnings: tuple[str, ...] = ()
     info: Mapping[str, object] = field(default_factory=dict)
+    watch: memory.Watch | None = None  # where the first call's inputs and outputs lived (``watch=True``)
 
 
 def with_deadline(work: Callable[[], T], timeout: float, what: str) -> T:
@@ -67,18 +70,29 @@ def run_backend(
     calls: int,
     expected_shapes: Mapping[str, tuple[int, ...]],
     timeout: float,
+    watch: bool = False,
 ) -> Execution:
-    """prepare once, then ``calls`` x (call, synchronize, outputs); Unsupported passes through."""
+    """prepare once, then ``calls`` x (call, synchronize, outputs); Unsupported passes through.
+
+    ``watch``: also record where the first call's inputs and outputs live (conformance.adapter.memory).
+    """
     given = {k: np.array(v, copy=True) for k, v in inputs.items()}
+    names = tuple(expected_shapes)
+    watched: list[memory.Watch] = []
 
     def work() -> tuple[tuple[dict[str, np.ndarray], ...], dict[str, object]]:
         prepared = _stage("prepare", lambda: backend.prepare(case, given, grad=grad), passthrough=True)
-        results = []
+        if watch:
+            watched.append(_stage("buffers", lambda: memory.Watch.start(prepared, given, names)))
+        results: list[dict[str, np.ndarray]] = []
         for _ in range(calls):
             _stage("__call__", prepared)
             _stage("synchronize", prepared.synchronize)
             outputs = _stage("outputs", prepared.outputs)
-            results.append(_validated(outputs, expected_shapes))
+            checked = _validated(outputs, expected_shapes)
+            if watched and not results:
+                _stage("buffers", functools.partial(watched[0].finish, prepared, outputs, names))
+            results.append(checked)
         return tuple(results), _info(prepared)
 
     # The catcher lives in this thread, so a timed-out worker cannot leave the filters changed.
@@ -86,7 +100,7 @@ def run_backend(
         warnings.simplefilter("always")
         outputs, info = with_deadline(work, timeout, f"{backend.name} {case.id}")
     seen = dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught)
-    return Execution(outputs, given, tuple(seen), info)
+    return Execution(outputs, given, tuple(seen), info, watched[0] if watched else None)
 
 
 def _info(prepared: object) -> dict[str, object]:

@@ -1,7 +1,9 @@
 """One byte model for every backend: the compulsory bytes a check moves, weights and stats apart.
 
-Forward LN/RMS/BN/GN/IN reads x and writes y; backward reads x and dy and writes dx; add_rms_norm's
-forward moves four tensors (x, residual in; y, residual_out out). The ``backward`` benchmark times
+Forward LN/RMS/BN/GN/IN reads x and writes y; backward reads x and dy and writes dx. The fused add ops'
+forward moves four tensors (x, residual in; y, residual_out out) and their backward five (h as saved,
+dy and dresidual_out in; dx and dresidual out); the residual stream's tensors count in its own dtype
+(float32 for "residual in fp32"). The ``backward`` benchmark times
 forward and backward together, so its bytes are the sum of both passes. Parameters, running
 statistics, their gradients and the per-group statistics (mean/rstd per LN/RMS row, BN channel or
 GN/IN (sample, group), float32, saved by the forward for the backward) are counted in ``weights``,
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from conformance.model.case import Case
+from conformance.model.case import ADD_OPS, Case
 from conformance.model.dtypes import numpy_dtype
 
 CHECKS: tuple[str, ...] = ("forward", "backward")
@@ -32,14 +34,20 @@ def _itemsize(dtype: str) -> int:
     return numpy_dtype(dtype).itemsize
 
 
-def _forward_tensors(case: Case) -> int:
-    """Full-size tensors the forward reads or writes once each."""
-    return 4 if case.op == "add_rms_norm" else 2
+def _forward_bytes(case: Case, elements: int) -> int:
+    """Full-size tensors the forward reads or writes once each: x and y, and the add ops' residual and
+    residual_out in the stream's dtype."""
+    act = 2 * elements * _itemsize(case.dtype)
+    return act + 2 * elements * _itemsize(case.stream_dtype) if case.op in ADD_OPS else act
 
 
-def _backward_tensors(case: Case) -> int:
-    """Full-size tensors the backward alone moves: read x (add_rms_norm: x + residual) and dy, write dx."""
-    return 3
+def _backward_bytes(case: Case, elements: int) -> int:
+    """Full-size tensors the backward alone moves: read x and dy, write dx; the add ops read h (as
+    saved, stream dtype), dy and dresidual_out and write dx and dresidual."""
+    act = elements * _itemsize(case.dtype)
+    if case.op in ADD_OPS:
+        return 2 * act + 3 * elements * _itemsize(case.stream_dtype)
+    return 3 * act
 
 
 def _forward_params(case: Case) -> int:
@@ -73,11 +81,11 @@ def traffic(case: Case, check: str) -> Traffic:
     """The byte model of one timed call of ``check`` (forward, or forward + backward)."""
     if check not in CHECKS:
         raise ValueError(f"check={check!r} is not allowed; allowed: {', '.join(CHECKS)}")
-    tensor = math.prod(case.shape) * _itemsize(case.dtype)
+    elements = math.prod(case.shape)
     param = math.prod(case.param_shape) * _itemsize(case.weight_dtype)
-    forward = Traffic(_forward_tensors(case) * tensor, _forward_params(case) * param)
+    forward = Traffic(_forward_bytes(case, elements), _forward_params(case) * param)
     if check == "forward":
         return forward
     # The statistics are written by the forward and read back by the backward.
     weights = forward.weights + _backward_params(case) * param + 2 * _stat_bytes(case)
-    return Traffic(forward.activations + _backward_tensors(case) * tensor, weights)
+    return Traffic(forward.activations + _backward_bytes(case, elements), weights)

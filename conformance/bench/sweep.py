@@ -3,7 +3,7 @@ GroupNorm / InstanceNorm activations of image models.
 
 Case ids are built exactly as the conformance suite's, so a benchmark joins the conformance results
 of the same case; the decode shapes (4, 4096) and (2, 8192) are also in the ``ci`` profile. The op
-varies fastest, so LayerNorm, RMSNorm and add + RMSNorm of one shape and dtype run back to back and
+varies fastest, so LayerNorm, RMSNorm and the fused add ops of one shape and dtype run back to back and
 their ratios are not at the mercy of the machine's drift over the minutes of a sweep.
 """
 
@@ -14,7 +14,7 @@ from conformance.model.case import Case
 from conformance.model.profiles import Grid
 
 BENCH_PROFILES: tuple[str, ...] = ("sweep", "quick", "tiny", *profiles.PROFILES)
-OPS = ("layer_norm", "rms_norm", "add_rms_norm")
+OPS = ("layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm")
 DTYPES = ("float32", "float16", "bfloat16")
 # Diffusion U-Nets and their VAEs normalize with 32 groups (Stable Diffusion, diffusers' default).
 UNET_GROUPS = 32
@@ -30,6 +30,12 @@ SWEEP: tuple[Grid, ...] = (
         " (beyond a 32 MiB L3), so the large ones measure memory, not cache",
         {"shape": ((256, 4096), (4096, 1024), (2048, 4096), (2048, 8192)), "dtype": DTYPES, "op": OPS},
         {"eps": 1e-5},
+    ),
+    Grid(
+        "the fused add ops with the residual stream kept in float32 (bfloat16 activations): the memory-bound"
+        " shapes, where the wider stream's bytes show",
+        {"shape": ((2048, 4096),), "op": ("add_rms_norm", "add_layer_norm")},
+        {"eps": 1e-5, "dtype": "bfloat16", "residual_dtype": "float32"},
     ),
     Grid(
         "diffusion GroupNorm, 32 groups: the Stable Diffusion 1.x U-Net's first blocks (320 channels at"

@@ -278,3 +278,51 @@ def in_update(momentum: float | None, *outputs: str) -> Callable[[], Probe]:
         return Probe(case, inputs, False, outputs)
 
     return make
+
+
+# ------------------------------------------------------------------ the add ops' residual stream
+def _with_residual(case: Case, x: np.ndarray, residual: np.ndarray, outputs: tuple[str, ...]) -> Probe:
+    inputs = probes.rows(case, x)
+    inputs["residual"] = round_to(
+        np.asarray(residual, dtype=np.float64).reshape(case.shape), case.stream_dtype
+    )
+    return Probe(case, inputs, False, outputs)
+
+
+# Below half an ulp of 1 in each dtype: 1 + SUM_NUDGE rounds back to 1.
+SUM_NUDGE = {"bfloat16": 2.0**-10, "float16": 2.0**-12}
+
+
+def sum_ln(dtype: str = "bfloat16") -> Callable[[], Probe]:
+    """Row 0: x = 1 and residual = +-SUM_NUDGE. Rounded to ``dtype`` the sums are all 1 (a constant
+    row: y = 0); the unrounded sums normalize to +-1. Row 1 is ordinary data."""
+
+    def make() -> Probe:
+        case = Case("add_layer_norm", (2, 16), dtype, 1e-12)
+        x = np.stack([np.ones(16), probes.seeded(21, (16,))])
+        residual = np.stack([probes.alternating([SUM_NUDGE[dtype]], 16)[0], probes.seeded(22, (16,))])
+        return _with_residual(case, x, residual, ("y",))
+
+    return make
+
+
+def sum_rms(dtype: str = "bfloat16") -> Callable[[], Probe]:
+    """Ordinary ``dtype`` rows: where the sum's rounding moves y to another value (masked)."""
+
+    def make() -> Probe:
+        case = Case("add_rms_norm", (64, 16), dtype, 1e-6)
+        return _with_residual(case, probes.seeded(23, case.shape), probes.seeded(24, case.shape), ("y",))
+
+    return make
+
+
+def stream(op: str) -> Callable[[], Probe]:
+    """bfloat16 sums that bfloat16 cannot hold: residual_out rounded, or kept in float32 (masked)."""
+
+    def make() -> Probe:
+        case = Case(op, (64, 16), "bfloat16", 1e-6)
+        return _with_residual(
+            case, probes.seeded(25, case.shape), probes.seeded(26, case.shape), ("residual_out",)
+        )
+
+    return make

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conformance.model.case import CHANNEL_OPS, GROUP_OPS, Case
+from conformance.model import residual
+from conformance.model.case import ADD_OPS, CHANNEL_OPS, GROUP_OPS, Case
 from conformance.model.dtypes import round_to
 from conformance.model.geometry import geometry
 
@@ -44,6 +45,8 @@ class Convention:
     momentum: str = "torch"  # (1 - m) r + m b | "onnx": m r + (1 - m) b | "frozen": never updated
     running_var: str = "unbiased"  # running update with the unbiased batch variance | "biased"
     momentum_none: str = "cumulative"  # momentum=None: factor 1 on the first batch | "zero" | "default"
+    norm_input: str = "case"  # add ops: the sum the case asks for | "exact": the unrounded float32 sum
+    stream: str = "case"  # add ops: residual_out in the case's stream dtype | "float32": kept in float32
 
 
 REFERENCE = Convention()
@@ -241,6 +244,19 @@ def _dx(
     return dx
 
 
+def _stream(case: Case, inputs: Mapping[str, Array], conv: Convention) -> dict[str, Array]:
+    """The add ops' residual_out (and its unrounded value) and the sum the norm reads under ``conv``."""
+    total = residual.exact_sum(inputs)
+    stored = rounder("float32" if conv.stream == "float32" else case.stream_dtype)(total)
+    wide = rounder("float64" if case.dtype == "float64" else "float32")
+    exact = conv.norm_input == "exact" or (conv.norm_input == "case" and case.norm_input == "exact")
+    return {
+        "residual_out": stored,
+        "residual_out@wide": total,
+        "normalized": wide(total) if exact else stored,
+    }
+
+
 def emulate(
     case: Case, inputs: Mapping[str, Array], conv: Convention = REFERENCE, *, grad: bool = False
 ) -> dict[str, Array]:
@@ -252,14 +268,16 @@ def emulate(
     w = _Work(rounder(stats), narrow=conv.reduce == "narrow" and stats == case.dtype)
     # Channel groups become plain axes of the geometry view; every other op keeps x's shape.
     view = geometry(case).shape if case.op in GROUP_OPS else case.shape
-    x = w.r(np.asarray(inputs["x"], dtype=np.float64).reshape(view))
+    streamed = _stream(case, inputs, conv) if case.op in ADD_OPS else {}
+    source = streamed.pop("normalized", inputs["x"])
+    x = w.r(np.asarray(source, dtype=np.float64).reshape(view))
     axes = _axes(case, conv, x.ndim)
     mean, var = _statistics(case, inputs, x, axes, w, conv)
     s = _inverse(var, case.eps, w, conv)
     d = x if case.op in ("rms_norm", "add_rms_norm") else w.r(x - mean)
     xhat, rstd, tail = _normalized(d, s, w, conv)
     y, scale = _affine(case, inputs, xhat, tail, conv)
-    out = {"y": rounder(case.dtype)(y).reshape(case.shape), "y@wide": y.reshape(case.shape)}
+    out = {"y": rounder(case.dtype)(y).reshape(case.shape), "y@wide": y.reshape(case.shape), **streamed}
     if case.training:
         count = int(np.prod([x.shape[a] for a in axes]))
         out.update(_running(case, inputs, mean, var, count, conv))

@@ -144,6 +144,10 @@ AFFINE = {"per-channel": _one(), "per-group": _one(affine="group")}
 # InstanceNorm's running statistics: torch.nn.InstanceNorm passes momentum 0 for momentum=None, so a
 # backend whose statistics are never updated is a convention seen in the wild, not only a bug.
 MOMENTUM_IN = {**MOMENTUM, "not-updated": _one(momentum="frozen")}
+# The add ops' residual stream: the norm reads the sum as stored (rounded to the stream's dtype) or the
+# unrounded float32 sum; residual_out is stored in the stream's dtype or kept in float32 regardless.
+SUM = {"rounded": _one(), "exact": _one(norm_input="exact")}
+STREAM = {"activation": _one(), "float32": _one(stream="float32")}
 
 
 # ----------------------------------------------------------------------------- the table
@@ -298,6 +302,7 @@ def _questions() -> list[Question]:
         ),
     ]
     table += _group_questions()
+    table += _residual_questions()
     defaults = [
         ("layer_norm.default_eps", cases.default_eps_row("layer_norm", "float32"), "float32"),
         ("rms_norm.default_eps", cases.default_eps_row("rms_norm", "float32"), "float32"),
@@ -319,6 +324,47 @@ def _questions() -> list[Question]:
             )
         )
     return [_with_nuisance(question) for question in table]
+
+
+def _residual_questions() -> list[Question]:
+    """Which sum the fused add ops normalize, and which dtype their residual_out is stored in."""
+    q = Question
+    # bfloat16 first (XLA drops that rounding), float16 too: ONNX Runtime's CPU LayerNormalization has
+    # no bfloat16 kernel, so only a float16 probe asks its graphs and their fusions.
+    return [
+        *(
+            q(
+                f"add_layer_norm.sum{suffix}",
+                f"the norm reads x + residual as stored in {dtype}, or the unrounded float32 sum",
+                cases.sum_ln(dtype),
+                SUM,
+                "rounded",
+            )
+            for dtype, suffix in (("bfloat16", ""), ("float16", ".float16"))
+        ),
+        *(
+            q(
+                f"add_rms_norm.sum{suffix}",
+                f"the norm reads x + residual as stored in {dtype}, or the unrounded float32 sum",
+                cases.sum_rms(dtype),
+                SUM,
+                "rounded",
+                metric="mismatch",
+            )
+            for dtype, suffix in (("bfloat16", ""), ("float16", ".float16"))
+        ),
+        *(
+            q(
+                f"{op}.stream",
+                "residual_out of bfloat16 activations stored in bfloat16, or kept in float32",
+                cases.stream(op),
+                STREAM,
+                "activation",
+                metric="mismatch",
+            )
+            for op in ("add_layer_norm", "add_rms_norm")
+        ),
+    ]
 
 
 def _group_questions() -> list[Question]:
@@ -401,7 +447,7 @@ def _group_questions() -> list[Question]:
     return table
 
 
-_CENTRING = ("layer_norm", "batch_norm", "group_norm", "instance_norm")
+_CENTRING = ("layer_norm", "batch_norm", "group_norm", "instance_norm", "add_layer_norm")
 
 
 def _with_nuisance(question: Question) -> Question:

@@ -22,7 +22,7 @@ from conformance.model.inputs import groups
 Arrays = Mapping[str, np.ndarray]
 
 # Ops whose computed statistics include a mean that the normalized values subtract.
-MEAN_OPS = frozenset({"layer_norm", "batch_norm", "group_norm", "instance_norm"})
+MEAN_OPS = frozenset({"layer_norm", "batch_norm", "group_norm", "instance_norm", "add_layer_norm"})
 
 
 def group_axes(case: Case) -> tuple[Axes, Axes]:
@@ -95,7 +95,9 @@ def _dx(case: Case, inputs: Arrays, expected: Arrays) -> float:
     axes, _ = group_axes(case)
     mean_g = np.abs(g.mean(axis=axes, keepdims=True)) if case.op in MEAN_OPS else 0.0
     rms_g = np.sqrt(np.square(g).mean(axis=axes, keepdims=True))
-    return _max(rstd * (np.abs(g) + mean_g + _xhat_magnitude(case, inputs) * rms_g))
+    # The add ops' dL/dh also carries the cotangent of residual_out, added once.
+    incoming = np.abs(view(case, inputs["dresidual_out"])) if "dresidual_out" in inputs else 0.0
+    return _max(rstd * (np.abs(g) + mean_g + _xhat_magnitude(case, inputs) * rms_g) + incoming)
 
 
 def _dweight(case: Case, inputs: Arrays, expected: Arrays) -> float:
@@ -143,6 +145,7 @@ def _running_var(case: Case, inputs: Arrays, expected: Arrays) -> float:
 BOUNDS: dict[str, Callable[[Case, Arrays, Arrays], float]] = {
     "y": _y,
     "dx": _dx,
+    "dresidual": _dx,
     "dweight": _dweight,
     "dbias": _dbias,
     "residual_out": _residual_out,

@@ -11,13 +11,19 @@ half-precision output whose every element is within tolerance (the larger of |bi
 ulps, conformance.judging.rounding). A worst_ratio entry covers its comparisons whatever their
 rounding bias (an error beyond tolerance is the larger symptom); a rounding entry covers only
 comparisons within tolerance.
+
+An entry may also require what the backend recorded for the case (``Prepared.info()``): ``info = {
+norm_precision = ["bf16"] }`` applies only where the result's info holds one of those values (compared
+as text). A runtime that picks its precision from the hardware deviates on one machine and not on
+another; the condition names the choice that causes the deviation, so the entry stays strict on both.
+Checks without recorded info (the properties) never match such an entry.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +35,7 @@ from conformance.model.dtypes import DTYPES
 from conformance.results.records import ComparisonRecord, jsonable
 
 _MATCH_KEYS: tuple[str, ...] = ("backend", "check", "output", "op", "dtype", "dist", "case")
-_FIELDS = set(_MATCH_KEYS) | {"band", "reason", "link", "training", "measure"}
+_FIELDS = set(_MATCH_KEYS) | {"band", "reason", "link", "training", "measure", "info"}
 MEASURES: tuple[str, ...] = ("worst_ratio", "rounding")
 
 
@@ -48,6 +54,8 @@ class Deviation:
     reason: str
     link: str
     measure: str = "worst_ratio"
+    # (info key, allowed values as text): what the backend must have recorded for the entry to apply.
+    info: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def covers(self, comparison: ComparisonRecord) -> bool:
         """Whether this failing comparison is the deviation the entry describes, inside its band."""
@@ -59,7 +67,11 @@ class Deviation:
             comparison.worst_ratio > 1.0 or comparison.rounding_passed
         )
 
-    def applies(self, backend: str, case: Case, check: str, output: str) -> bool:
+    def applies(
+        self, backend: str, case: Case, check: str, output: str, info: Mapping[str, object] | None = None
+    ) -> bool:
+        if self.info and (info is None or any(_text(info.get(k)) not in v for k, v in self.info)):
+            return False
         values = {
             "backend": backend,
             "check": check,
@@ -86,6 +98,8 @@ class Deviation:
         }
         if self.measure != "worst_ratio":
             record["measure"] = self.measure
+        if self.info:
+            record["info"] = {k: list(v) for k, v in self.info}
         return {**record, "training": self.training} if self.training is not None else record
 
 
@@ -95,8 +109,10 @@ class Ledger:
     sha256: str
     entries: tuple[Deviation, ...]
 
-    def find(self, backend: str, case: Case, check: str, output: str) -> Deviation | None:
-        return next((d for d in self.entries if d.applies(backend, case, check, output)), None)
+    def find(
+        self, backend: str, case: Case, check: str, output: str, info: Mapping[str, object] | None = None
+    ) -> Deviation | None:
+        return next((d for d in self.entries if d.applies(backend, case, check, output, info)), None)
 
 
 def default_path() -> Path:
@@ -141,7 +157,24 @@ def _entry(file: Path, index: int, entry: Any, checks: Collection[str]) -> Devia
     if measure not in MEASURES:
         raise LedgerError(f"{where}: measure={measure!r} is not allowed; allowed: {', '.join(MEASURES)}")
     band = _band(where, entry["band"], 0.0 if measure == "rounding" else 1.0)
-    return Deviation(index, match, training, band, str(entry["reason"]), str(entry.get("link", "")), measure)
+    info = _info(where, entry.get("info", {}))
+    reason, link = str(entry["reason"]), str(entry.get("link", ""))
+    return Deviation(index, match, training, band, reason, link, measure, info)
+
+
+def _info(where: str, value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    if not isinstance(value, dict):
+        raise LedgerError(f"{where}: info={value!r} is not allowed; allowed: a table of info key = value(s)")
+    return tuple((str(k), _strings(where, f"info.{k}", v)) for k, v in sorted(value.items()))
+
+
+def _text(value: object) -> str:
+    """An info value as the ledger compares it: strings as they are, others as JSON writes them."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _known(checks: Collection[str]) -> dict[str, tuple[str, ...]]:

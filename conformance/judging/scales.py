@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from conformance.judging.bounds import bound, group_axes, per_param, view
+from conformance.model import residual
 from conformance.model.case import Case
 from conformance.oracle.layer_norm import moments
 
@@ -54,9 +55,7 @@ def _rms_xhat(case: Case, inputs: Arrays, expected: Arrays) -> float:
     """
     rstd = _rstd(case, inputs, expected)
     if "rstd" in expected:
-        x = view(case, inputs["x"])
-        if case.op == "add_rms_norm":
-            x = view(case, np.asarray(expected["residual_out"]))
+        x = view(case, residual.normalized(case, inputs))
         axes = group_axes(case)[0]
         var = np.square(x).mean(axis=axes) if case.op in ("rms_norm", "add_rms_norm") else moments(x, axes)[2]
         return float(np.sqrt(np.mean(var / (var + case.eps))))
@@ -82,7 +81,12 @@ def _dbias(case: Case, inputs: Arrays, expected: Arrays) -> float:
     return float(np.sqrt(case.param_terms)) * _rms(inputs["dy"])
 
 
-TERMS: dict[str, Callable[[Case, Arrays, Arrays], float]] = {"dx": _dx, "dweight": _dweight, "dbias": _dbias}
+TERMS: dict[str, Callable[[Case, Arrays, Arrays], float]] = {
+    "dx": _dx,
+    "dresidual": _dx,
+    "dweight": _dweight,
+    "dbias": _dbias,
+}
 
 
 def _y_sensitivity(case: Case, inputs: Arrays, expected: Arrays) -> float:
@@ -101,6 +105,7 @@ def _dweight_sensitivity(case: Case, inputs: Arrays, expected: Arrays) -> float:
 SENSITIVITY: dict[str, Callable[[Case, Arrays, Arrays], float]] = {
     "y": _y_sensitivity,
     "dx": _dx_sensitivity,
+    "dresidual": _dx_sensitivity,
     "dweight": _dweight_sensitivity,
 }
 

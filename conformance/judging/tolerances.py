@@ -21,6 +21,7 @@ KEYS: tuple[str, ...] = ("op", "output", "dtype", "dist")
 OUTPUTS: tuple[str, ...] = (
     "y",
     "residual_out",
+    "dresidual",
     "running_mean",
     "running_var",
     "dx",

@@ -69,9 +69,11 @@ def judge(
     comparisons: tuple[ComparisonRecord, ...],
     ledger: Ledger,
     reproduce: str,
+    info: Mapping[str, object] | None = None,
 ) -> Verdict:
-    """Apply the ledger: covered failures inside their band are xfailed; a covered pass is xpassed."""
-    entries = {c.output: e for c in comparisons if (e := ledger.find(backend, case, check, c.output))}
+    """Apply the ledger: covered failures inside their band are xfailed; a covered pass is xpassed.
+    ``info`` is what the backend recorded for the case (entries may require it)."""
+    entries = {c.output: e for c in comparisons if (e := ledger.find(backend, case, check, c.output, info))}
     stale = [c for c in comparisons if c.passed and c.output in entries]
     if stale:
         # The entry the message names: the first output that passed although an entry expects it to fail.

@@ -20,6 +20,7 @@ OPS: tuple[str, ...] = (
     "add_rms_norm",
     "group_norm",
     "instance_norm",
+    "add_layer_norm",
 )
 DISTS: tuple[str, ...] = (
     "normal",
@@ -44,12 +45,19 @@ FEATURES: tuple[str, ...] = (
     "momentum_none",
     "running_stats",
     "channels_last",
+    "residual_dtype",
+    "exact_sum",
 )
+# What the fused residual ops normalize: the sum as stored in the residual stream's dtype, or the
+# unrounded sum (a kernel that keeps x + residual in float32 registers and rounds only the stored copy).
+NORM_INPUTS: tuple[str, ...] = ("rounded", "exact")
 # Memory layouts of x a backend is asked to compute on (torch's memory formats); the values are the same.
 LAYOUTS: tuple[str, ...] = ("contiguous", "channels_last")
 # Ops that carry a bias term; RMSNorm variants have none by definition.
-_BIAS_OPS = frozenset({"layer_norm", "batch_norm", "group_norm", "instance_norm"})
-_ROW_OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm"})
+_BIAS_OPS = frozenset({"layer_norm", "batch_norm", "group_norm", "instance_norm", "add_layer_norm"})
+_ROW_OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm"})
+# Residual add fused into the norm: h = x + residual, y = norm(h), residual_out = h.
+ADD_OPS = frozenset({"add_rms_norm", "add_layer_norm"})
 _OFFSET_OPS = frozenset({"rms_norm", "add_rms_norm"})
 # Ops with a channel axis 1 and per-channel parameters: x is (N, C, spatial...).
 CHANNEL_OPS = frozenset({"batch_norm", "group_norm", "instance_norm"})
@@ -57,7 +65,7 @@ CHANNEL_OPS = frozenset({"batch_norm", "group_norm", "instance_norm"})
 GROUP_OPS = frozenset({"group_norm", "instance_norm"})
 # Fields added after the first results files: left out of ``to_dict`` at their usual value, so
 # records of the other ops read the same as before and older readers still accept them.
-_QUIET_DEFAULTS = ("num_groups", "track_running_stats", "layout")
+_QUIET_DEFAULTS = ("num_groups", "track_running_stats", "layout", "residual_dtype", "norm_input")
 
 
 class CaseError(ValueError):
@@ -88,6 +96,8 @@ class Case:
     num_groups: int | None = None
     track_running_stats: bool | None = None
     layout: str = "contiguous"
+    residual_dtype: str | None = None
+    norm_input: str = "rounded"
 
     def __post_init__(self) -> None:
         # Lists from JSON/TOML arrive as lists; the contract value is a tuple.
@@ -101,6 +111,8 @@ class Case:
         if self.param_dtype == self.dtype:
             # One spelling per meaning, so equal cases have equal ids and inputs.
             object.__setattr__(self, "param_dtype", None)
+        if self.residual_dtype == self.dtype:
+            object.__setattr__(self, "residual_dtype", None)
         for check in (
             self._check_types,
             self._check_names,
@@ -139,6 +151,10 @@ class Case:
             raise _fail("dist", self.dist, ", ".join(DISTS))
         if self.layout not in LAYOUTS:
             raise _fail("layout", self.layout, ", ".join(LAYOUTS))
+        if self.residual_dtype is not None and self.residual_dtype not in DTYPES:
+            raise _fail("residual_dtype", self.residual_dtype, "None, " + ", ".join(DTYPES))
+        if self.norm_input not in NORM_INPUTS:
+            raise _fail("norm_input", self.norm_input, ", ".join(NORM_INPUTS))
 
     def _check_shape(self) -> None:
         if not self.shape or not all(isinstance(d, int) and d >= 1 for d in self.shape):
@@ -194,6 +210,10 @@ class Case:
             raise _fail("weight_offset", self.weight_offset, f"0.0 for op={self.op}")
         if self.weight_offset != 0.0 and not self.weight:
             raise _fail("weight_offset", self.weight_offset, "0.0 when weight=False")
+        if self.residual_dtype is not None and self.op not in ADD_OPS:
+            raise _fail("residual_dtype", self.residual_dtype, f"None for op={self.op}")
+        if self.norm_input != "rounded" and self.op not in ADD_OPS:
+            raise _fail("norm_input", self.norm_input, f"'rounded' for op={self.op}")
         if self.num_groups is not None and self.op != "group_norm":
             raise _fail("num_groups", self.num_groups, f"None for op={self.op}")
         if self.track_running_stats != (self.op == "batch_norm") and self.op != "instance_norm":
@@ -252,6 +272,10 @@ class Case:
             flags.append(f"train-m{float(self.momentum)!r}" if self.momentum is not None else "train-mNone")
         if self.layout != "contiguous":
             flags.append("cl")
+        if self.residual_dtype is not None:
+            flags.append(f"r{self.residual_dtype}")
+        if self.norm_input != "rounded":
+            flags.append(self.norm_input)
         return flags
 
     @property
@@ -267,12 +291,20 @@ class Case:
             "momentum_none": self.training and self.momentum is None,
             "running_stats": self.op == "instance_norm" and bool(self.track_running_stats),
             "channels_last": self.layout == "channels_last",
+            "residual_dtype": self.residual_dtype is not None,
+            "exact_sum": self.norm_input == "exact",
         }
         return frozenset(name for name, needed in needs.items() if needed)
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
-        usual = {"num_groups": None, "track_running_stats": self.op == "batch_norm", "layout": "contiguous"}
+        usual = {
+            "num_groups": None,
+            "track_running_stats": self.op == "batch_norm",
+            "layout": "contiguous",
+            "residual_dtype": None,
+            "norm_input": "rounded",
+        }
         for name in _QUIET_DEFAULTS:
             if record[name] == usual[name]:
                 del record[name]
@@ -293,6 +325,11 @@ class Case:
         if missing:
             raise CaseError(f"missing Case field(s) {missing}")
         return cls(**{k: v for k, v in data.items() if k != "id"})
+
+    @property
+    def stream_dtype(self) -> str:
+        """Dtype of the residual stream (residual, residual_out and their gradients) of the add ops."""
+        return self.residual_dtype or self.dtype
 
     @property
     def uses_batch_stats(self) -> bool:

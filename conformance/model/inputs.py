@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from conformance.model.case import GROUP_OPS, Case
+from conformance.model.case import ADD_OPS, GROUP_OPS, Case
 from conformance.model.dtypes import finfo, round_to
 
 Draw = Callable[[np.random.Generator, Case], np.ndarray]
@@ -22,7 +22,7 @@ Draw = Callable[[np.random.Generator, Case], np.ndarray]
 OFFSET_KAPPA: dict[str, float] = {"float64": 1e6, "float32": 1e3, "float16": 256.0, "bfloat16": 32.0}
 # Scale of `large`: fp16 squares overflow fp16 (300^2 > 65504); fp32/bf16 squares near 2.5e35 stay
 # finite, and so do their sums over rows of up to ~600 elements (x + residual doubles them for
-# add_rms_norm; the grids keep `large` rows at most 200 long), so float32 statistics are exercised
+# the add ops; the grids keep `large` rows at most 200 long), so float32 statistics are exercised
 # near the top of their range (3.4e38) without leaving it.
 LARGE_SCALE: dict[str, float] = {"float64": 1e150, "float32": 5e17, "float16": 300.0, "bfloat16": 5e17}
 # Scale of `small`: squares fall into (or below) the dtype's subnormal range.
@@ -115,6 +115,12 @@ DISTRIBUTIONS: dict[str, Draw] = {
 }
 
 
+# The caller's cotangents (handed to a backend only with gradients), and the activation-shaped inputs
+# whose rows belong together (a row subset or permutation takes the same rows of each).
+COTANGENTS: tuple[str, ...] = ("dy", "dresidual_out")
+PER_ROW: tuple[str, ...] = ("x", "residual", "dy", "dresidual_out")
+
+
 def rng_for(case: Case, stream: str = "inputs") -> np.random.Generator:
     """A generator seeded from the case id and a stream name."""
     digest = hashlib.sha256(f"{case.id}|{case.seed}|{stream}".encode()).digest()
@@ -126,15 +132,39 @@ def make_inputs(case: Case, *, grad: bool = True) -> dict[str, np.ndarray]:
     rng = rng_for(case)
     x = round_to(_to_layout(case, DISTRIBUTIONS[case.dist](rng, case)), case.dtype)
     inputs = {"x": x}
-    if case.op == "add_rms_norm":
-        # The residual stream: same distribution, its own draw.
+    if case.op in ADD_OPS:
+        # The residual stream: same distribution, its own draw, in the stream's dtype.
         residual = DISTRIBUTIONS[case.dist](rng_for(case, "residual"), case)
-        inputs["residual"] = round_to(_to_layout(case, residual), case.dtype)
+        inputs["residual"] = round_to(_to_layout(case, residual), case.stream_dtype)
     inputs.update(_params(case, rng, x))
     if grad:
         # Random, never all ones: a backward that ignores dy's values must not pass by accident.
         inputs["dy"] = round_to(rng_for(case, "dy").standard_normal(case.shape), case.dtype)
+        if case.op in ADD_OPS:
+            # The next layer reads residual_out too: its gradient arrives beside dy.
+            cotangent = rng_for(case, "dresidual_out").standard_normal(groups(case))
+            cotangent *= _cotangent_scale(case, x, inputs["residual"])
+            inputs["dresidual_out"] = round_to(_to_layout(case, cotangent), case.stream_dtype)
     return inputs
+
+
+def _cotangent_scale(case: Case, x: np.ndarray, residual: np.ndarray) -> np.ndarray:
+    """Per row, the size of the norm's own gradient: 1 / sigma of h = x + residual (centred for
+    add_layer_norm), clipped to [sqrt(tiny), sqrt(max)] of the stream dtype.
+
+    dx = d norm(h)/dh . dy + dresidual_out, and the first term is ~|dy| / sigma: on `large` rows
+    (sigma ~ 1e18) a unit dresidual_out would outweigh it by 18 decades and dx would judge nothing
+    of the norm's backward; on `small` or `zeros` rows the norm's term would hide a mishandled
+    dresidual_out. Scaled to 1 / sigma, both terms count in every row. The clip keeps the cotangent
+    and its squares finite and normal in the stream dtype.
+    """
+    rows = (np.asarray(x, np.float64) + np.asarray(residual, np.float64)).reshape(groups(case))
+    if case.op == "add_layer_norm":
+        rows = rows - rows.mean(axis=1, keepdims=True)
+    sigma = np.sqrt(np.mean(rows * rows, axis=1) + case.eps)
+    info = finfo(case.stream_dtype)
+    scale: np.ndarray = np.clip(1.0 / sigma, np.sqrt(float(info.tiny)), np.sqrt(float(info.max)))
+    return scale[:, None]
 
 
 def _params(case: Case, rng: np.random.Generator, x: np.ndarray) -> dict[str, np.ndarray]:

@@ -6,14 +6,16 @@ the same questions of a case, so the answers live here, below all of them.
 
 from __future__ import annotations
 
-from conformance.model.case import Case
+from conformance.model.case import ADD_OPS, Case
 
-# Outputs with the activation's dtype and shape; every other output has the parameters' (weight_dtype).
-ACTIVATION_OUTPUTS: frozenset[str] = frozenset({"y", "dx", "residual_out"})
+# Outputs with the activation's shape; every other output has the parameters' (weight_dtype).
+ACTIVATION_OUTPUTS: frozenset[str] = frozenset({"y", "dx", "residual_out", "dresidual"})
+# The residual stream of the add ops and its gradient: the stream's dtype (Case.stream_dtype).
+STREAM_OUTPUTS: frozenset[str] = frozenset({"residual_out", "dresidual"})
 
 
 def forward_outputs(case: Case) -> tuple[str, ...]:
-    return ("y", "residual_out") if case.op == "add_rms_norm" else ("y",)
+    return ("y", "residual_out") if case.op in ADD_OPS else ("y",)
 
 
 def training_outputs(case: Case) -> tuple[str, ...]:
@@ -21,7 +23,8 @@ def training_outputs(case: Case) -> tuple[str, ...]:
 
 
 def grad_outputs(case: Case) -> tuple[str, ...]:
-    names = ["dx"]
+    # The add ops' dx and dresidual are both dL/dh: d norm(h) / dh . dy plus the cotangent of residual_out.
+    names = ["dx", "dresidual"] if case.op in ADD_OPS else ["dx"]
     if case.weight:
         names.append("dweight")
     if case.bias:
@@ -30,6 +33,8 @@ def grad_outputs(case: Case) -> tuple[str, ...]:
 
 
 def output_dtype(case: Case, output: str) -> str:
+    if output in STREAM_OUTPUTS:
+        return case.stream_dtype
     return case.dtype if output in ACTIVATION_OUTPUTS else case.weight_dtype
 
 

@@ -15,8 +15,16 @@ from conformance.model.case import DISTS, Case, CaseError
 from conformance.model.dtypes import DTYPES
 
 PROFILES: tuple[str, ...] = ("smoke", "ci", "full")
-ROW_OPS = ("layer_norm", "rms_norm", "add_rms_norm")
+ROW_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm")
 HALF = ("float16", "bfloat16")
+ADD_OPS = ("add_rms_norm", "add_layer_norm")
+# The residual stream's conventions: kept in the activation dtype or in float32, the norm reading the
+# stored sum or the unrounded one. The validator folds a float32 stream of float32 activations into
+# the default, and the de-duplication by id drops it.
+RESIDUAL_CONVENTIONS: dict[str, tuple[object, ...]] = {
+    "residual_dtype": (None, "float32"),
+    "norm_input": ("rounded", "exact"),
+}
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,11 @@ SMOKE: tuple[Grid, ...] = (
     Grid(
         "InstanceNorm's four modes in float32 and bfloat16, and constant instances",
         _in(dtype=("float32", "bfloat16"), shape=((2, 3, 6),), dist=("normal", "constant"), **IN_MODES),
+        {"eps": 1e-5},
+    ),
+    Grid(
+        "the add ops' residual conventions on one small bfloat16 shape, where the sum's rounding shows",
+        {"op": ADD_OPS, "dtype": ("bfloat16",), **RESIDUAL_CONVENTIONS, "shape": ((6, 40),)},
         {"eps": 1e-5},
     ),
     *_channel_groups(
@@ -261,10 +274,38 @@ CI: tuple[Grid, ...] = (
         {"dtype": DTYPES, "shape": ((2, 8, 5, 6), (2, 4, 3, 4, 5))},
         {"eps": 1e-5, "layout": "channels_last", "num_groups": 2},
     ),
+    Grid(
+        "the add ops' residual conventions in the half dtypes (and float32's exact sum) on rows that "
+        "cancel (offset, near-constant) and plain ones; mixed float32 parameters once",
+        {
+            "op": ADD_OPS,
+            "dtype": ("float32", *HALF),
+            **RESIDUAL_CONVENTIONS,
+            "dist": ("normal", "offset", "near_constant"),
+            "shape": ((16, 200),),
+        },
+        {"eps": 1e-5},
+    ),
+    Grid(
+        "the add ops' float32 stream with float32 parameters and half activations, backward over 4096 rows",
+        {"op": ADD_OPS, "dtype": HALF, "residual_dtype": ("float32",), "shape": ((4096, 64),)},
+        {"eps": 1e-5, "param_dtype": "float32"},
+    ),
 )
 
 FULL: tuple[Grid, ...] = (
     *CI,
+    Grid(
+        "the add ops' residual conventions on every distribution, every half dtype and LLM-sized rows",
+        {
+            "op": ADD_OPS,
+            "dtype": HALF,
+            **RESIDUAL_CONVENTIONS,
+            "dist": DISTS,
+            "shape": ((32, 200), (256, 4096)),
+        },
+        {"eps": 1e-6},
+    ),
     Grid(
         "every op x dtype x distribution x eps on a mid shape (large dist rows stay < 300 elements)",
         {

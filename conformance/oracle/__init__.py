@@ -11,7 +11,15 @@ from typing import Protocol
 import numpy as np
 
 from conformance.model.case import Case
-from conformance.oracle import add_rms_norm, batch_norm, group_norm, instance_norm, layer_norm, rms_norm
+from conformance.oracle import (
+    add_layer_norm,
+    add_rms_norm,
+    batch_norm,
+    group_norm,
+    instance_norm,
+    layer_norm,
+    rms_norm,
+)
 from conformance.oracle.layer_norm import Array
 
 __all__ = ["ORACLES", "OpOracle", "evaluate"]
@@ -30,6 +38,7 @@ ORACLES: Mapping[str, OpOracle] = {
     "add_rms_norm": add_rms_norm,
     "group_norm": group_norm,
     "instance_norm": instance_norm,
+    "add_layer_norm": add_layer_norm,
 }
 
 

@@ -24,7 +24,7 @@ from conformance.judging.tolerances import ToleranceTable
 from conformance.model.case import GROUP_OPS, Case
 from conformance.model.dtypes import round_to
 from conformance.model.geometry import geometry
-from conformance.model.inputs import make_inputs
+from conformance.model.inputs import COTANGENTS, PER_ROW, make_inputs
 from conformance.model.outputs import output_dtype, output_shape, produced
 
 Arrays = dict[str, np.ndarray]
@@ -134,7 +134,7 @@ def evaluate(
 
 def _given(inputs: Mapping[str, np.ndarray], grad: bool) -> Arrays:
     """What a call sees: the inputs, without dy unless it runs the backward."""
-    return {k: v for k, v in inputs.items() if grad or k != "dy"}
+    return {k: v for k, v in inputs.items() if grad or k not in COTANGENTS}
 
 
 def allowance_of(
@@ -244,8 +244,9 @@ def row_permutation(backend: Backend, example: Example, ctx: PropertyContext) ->
     inputs = _inputs(case, grad)
     order = np.random.default_rng(example.knob).permutation(example.rows)
     permuted = {**inputs, "x": inputs["x"][order]}
-    if grad:
-        permuted["dy"] = inputs["dy"][order]
+    for name in PER_ROW:
+        if name in inputs and name != "x":
+            permuted[name] = inputs[name][order]
     base = evaluate(backend, case, inputs, ctx, grad)
     moved = evaluate(backend, case, permuted, ctx, grad)
     outputs = ["y", "dx"] if grad else ["y"]
@@ -422,11 +423,11 @@ def _against_oracle(result: Evaluation, output: str) -> Outcome:
 
 
 def _rows(inputs: Arrays, rows: list[int]) -> Arrays:
-    return {k: v[rows] for k, v in inputs.items() if k in ("x", "dy", "residual")}
+    return {k: v[rows] for k, v in inputs.items() if k in PER_ROW}
 
 
 def _params_of(inputs: Arrays) -> Arrays:
-    return {k: v for k, v in inputs.items() if k not in ("x", "dy", "residual")}
+    return {k: v for k, v in inputs.items() if k not in PER_ROW}
 
 
 def _select(result: Evaluation, rows: list[int], names: tuple[str, ...] = ("y",)) -> Evaluation:

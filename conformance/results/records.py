@@ -529,10 +529,13 @@ class LedgerEntry:
     link: str = ""
     training: bool | None = None
     measure: str = "worst_ratio"  # or "rounding": the band is in ulps of rounding bias
+    # What the backend must have recorded in extra.info for the entry to apply (key -> allowed values).
+    info: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LedgerEntry:
         match = raw.get("match") or {}
+        info = raw.get("info") or {}
         band = raw.get("band")
         low, high = band if isinstance(band, list) and len(band) == 2 else (math.nan, math.nan)
         training = raw.get("training")
@@ -546,6 +549,9 @@ class LedgerEntry:
             _str(raw, "link"),
             training if isinstance(training, bool) else None,
             _str(raw, "measure", "worst_ratio"),
+            {str(k): tuple(map(str, v if isinstance(v, list) else [v])) for k, v in info.items()}
+            if isinstance(info, Mapping)
+            else {},
         )
 
 

@@ -1,5 +1,5 @@
 """The checks run per backend x case, declared in one table: forward, backward, training,
-inputs_unchanged, determinism.
+inputs_unchanged, aliasing, determinism.
 
 Each check turns one backend run into one Result; the pytest plugin only maps Results to test
 outcomes (conformance.running.outcomes). Skips come from capabilities; ``Unsupported`` only from
@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from conformance import oracle
+from conformance.adapter import memory
 from conformance.adapter.backend import Backend, Capabilities, Outputs, Unsupported
 from conformance.adapter.execute import AdapterError, CallTimeout, Execution, run_backend
 from conformance.failures import bundle, shrink
@@ -26,7 +27,7 @@ from conformance.judging.ledger import Ledger
 from conformance.judging.tolerances import ToleranceTable
 from conformance.judging.verdict import Verdict, compare_outputs, judge
 from conformance.model.case import Case
-from conformance.model.inputs import make_inputs
+from conformance.model.inputs import COTANGENTS, make_inputs
 from conformance.model.outputs import forward_outputs, grad_outputs, output_shape, produced, training_outputs
 from conformance.results.records import Result
 
@@ -49,12 +50,14 @@ def materials(case: Case) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
     return inputs, oracle.evaluate(case, inputs, grad=True)
 
 
-def _execute(backend: Backend, case: Case, ctx: CheckContext, grad: bool, calls: int = 1) -> Execution:
+def _execute(
+    backend: Backend, case: Case, ctx: CheckContext, grad: bool, calls: int = 1, watch: bool = False
+) -> Execution:
     inputs, _ = materials(case)
-    given = inputs if grad else {k: v for k, v in inputs.items() if k != "dy"}
+    given = inputs if grad else {k: v for k, v in inputs.items() if k not in COTANGENTS}
     shapes = {name: output_shape(case, name) for name in produced(case, grad)}
     return run_backend(
-        backend, case, given, grad=grad, calls=calls, expected_shapes=shapes, timeout=ctx.timeout
+        backend, case, given, grad=grad, calls=calls, expected_shapes=shapes, timeout=ctx.timeout, watch=watch
     )
 
 
@@ -66,7 +69,7 @@ def _compared(
     inputs, expected = materials(case)
     actual = execution.outputs[0]
     comparisons = compare_outputs(case, inputs, expected, actual, spec.outputs(case), ctx.tolerances)
-    verdict = judge(backend.name, case, spec.name, comparisons, ctx.ledger, ctx.reproduce)
+    verdict = judge(backend.name, case, spec.name, comparisons, ctx.ledger, ctx.reproduce, execution.info)
     verdict = dataclasses.replace(verdict, warnings=execution.warnings, info=execution.info)
     if ctx.save_failures is not None and verdict.outcome in ("failed", "xfailed"):
         verdict = _saved(backend, case, spec.name, spec.grad, ctx, actual, verdict)
@@ -79,7 +82,7 @@ def _saved(
     """Shrink the failure, write its bundle, and say where it is and how to replay it."""
     assert ctx.save_failures is not None
     inputs, expected = materials(case)
-    given = inputs if grad else {k: v for k, v in inputs.items() if k != "dy"}
+    given = inputs if grad else {k: v for k, v in inputs.items() if k not in COTANGENTS}
     first = shrink.Attempt(case, dict(given), actual, expected, verdict.comparisons)
     names = tuple(c.output for c in verdict.comparisons)
     attempt = shrink.runner(backend, names, grad, ctx.tolerances, ctx.timeout)
@@ -106,7 +109,11 @@ def _bitwise(spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, 
     execution = _execute(backend, case, ctx, "backward" in caps.features, calls=spec.calls)
     if spec.calls == 1:
         pristine, _ = materials(case)
-        pairs = [(name, pristine[name], after) for name, after in execution.inputs.items()]
+        # An input an output declares as its buffer is written by design; the aliasing check judges it.
+        written = set(caps.aliases.values())
+        pairs = [
+            (name, pristine[name], after) for name, after in execution.inputs.items() if name not in written
+        ]
         changed = [messages.bits_changed(name, before, after) for name, before, after in pairs]
     else:
         first, second = execution.outputs
@@ -119,6 +126,25 @@ def _bitwise(spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, 
     text = messages.header(backend.name, case, spec.name) + "\n".join(problems)
     reason = f"{text}\nreproduce: {ctx.reproduce}"
     return Verdict("failed", reason, warnings=execution.warnings, info=execution.info)
+
+
+def _aliasing(
+    spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext
+) -> Verdict:
+    """No output shares memory with an input or another output, and no input is written, unless the
+    backend declares it (Capabilities.aliases); a declared in-place input must hold its output."""
+    grad = "backward" in caps.features
+    execution = _execute(backend, case, ctx, grad, watch=True)
+    watch = execution.watch
+    assert watch is not None, "run_backend(watch=True) records the buffers"
+    found = memory.problems(watch, caps.aliases, execution.inputs, execution.outputs[0])
+    evidence = "buffers()" if watch.reported else "the NumPy inputs and the arrays outputs() returned"
+    info = {**execution.info, "memory_evidence": evidence}
+    if not found:
+        return Verdict("passed", warnings=execution.warnings, info=info)
+    text = messages.header(backend.name, case, spec.name) + "\n".join(found)
+    text += f"\n  memory seen through {evidence}"
+    return Verdict("failed", f"{text}\nreproduce: {ctx.reproduce}", warnings=execution.warnings, info=info)
 
 
 Check = Callable[["CheckSpec", Backend, Case, Capabilities, CheckContext], Verdict]
@@ -159,6 +185,7 @@ CHECKS: dict[str, CheckSpec] = {
         CheckSpec("backward", _compared, grad_outputs, grad=True),
         CheckSpec("training", _compared, training_outputs, applies=_training_case),
         CheckSpec("inputs_unchanged", _bitwise),
+        CheckSpec("aliasing", _aliasing),
         CheckSpec("determinism", _bitwise, calls=2),
     )
 }
