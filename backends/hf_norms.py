@@ -131,11 +131,12 @@ def _class(family: Family) -> type[nn.Module]:
 
 
 def _ops(family: Family) -> frozenset[str]:
-    # add_rms_norm is composed as the torch adapters compose it (_torch_common.Residual), then the
-    # family's RMSNorm; its backward runs through both outputs. The residual conventions (features
-    # residual_dtype, exact_sum) are not declared: the model families keep the stream in the
-    # activation dtype and normalize the stored sum.
-    return frozenset({"rms_norm", "add_rms_norm"}) if family.op == "rms_norm" else frozenset({family.op})
+    # The fused add op is composed as the torch adapters compose it (_torch_common.Residual), then the
+    # family's norm class (RMSNorm, or Cohere's / Nemotron's LayerNorm); its backward runs through both
+    # outputs. The residual conventions (features residual_dtype, exact_sum) are not declared: the
+    # model families keep the stream in the activation dtype and normalize the stored sum.
+    fused = {"rms_norm": "add_rms_norm", "layer_norm": "add_layer_norm"}
+    return frozenset({family.op, fused[family.op]}) if family.op in fused else frozenset({family.op})
 
 
 def _features(family: Family) -> frozenset[str]:

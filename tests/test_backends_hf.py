@@ -233,3 +233,27 @@ def test_add_rms_norm_differentiates_both_outputs(name: str) -> None:
     for convention in conventions:
         other = Case("add_rms_norm", (6, 48), "float32", 1e-5, weight_offset=offset, **convention)
         assert caps.why_not(other, grad=True) is not None
+
+
+def test_nemotron_add_layer_norm_differentiates_both_outputs() -> None:
+    """The LayerNorm families compose the fused add the same way: NemotronLayerNorm1P after x + residual,
+    dx = dresidual = dL/dh through both outputs, the shared tensor declared. float16: the class holds
+    its parameter p = w - 1 in float32, which a half w allows exactly (a float32 w does not)."""
+    from conformance.judging import tolerances
+    from conformance.running import checks
+    from conformance.running.settings import load_ledger
+
+    case = Case("add_layer_norm", (6, 48), "float16", 1e-5)
+    _, out, prepared = _run("hf-nemotron", case, grad=True)
+    assert set(out) == {"y", "residual_out", "dx", "dresidual", "dweight", "dbias"}
+    buffers = prepared.buffers()
+    assert buffers["dx"].data_ptr() == buffers["dresidual"].data_ptr()
+    backend = hf.HFNorm(hf.BY_NAME["hf-nemotron"])
+    caps = backend.capabilities()
+    assert "add_layer_norm" in caps.ops and caps.aliases["dresidual"] == "dx"
+    assert "add_rms_norm" not in caps.ops
+    assert "add_layer_norm" in hf.HFNorm(hf.BY_NAME["hf-cohere"]).capabilities().ops
+    ctx = checks.CheckContext(tolerances.load(), load_ledger(), timeout=300)
+    for check in ("forward", "backward", "aliasing"):
+        result = checks.run_check(check, backend, caps, case, ctx)
+        assert result.outcome == "passed", (check, result.reason)

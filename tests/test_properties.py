@@ -103,6 +103,50 @@ def test_a_ledger_entry_turns_known_property_failures_into_xfailed(tmp_path):
     assert "ledger deviation[0]" in result.reason and "variance about zero" in result.reason
 
 
+class _Recorded:
+    """A backend whose prepared calls also report ``info`` (as a runtime records the precision it chose)."""
+
+    def __init__(self, backend, info):
+        self.backend, self.name, self.recorded = backend, backend.name, info
+
+    def capabilities(self):
+        return self.backend.capabilities()
+
+    def prepare(self, case, inputs, *, grad):
+        prepared, recorded = self.backend.prepare(case, inputs, grad=grad), self.recorded
+
+        class WithInfo:
+            def __call__(self):
+                return prepared()
+
+            def synchronize(self):
+                prepared.synchronize()
+
+            def outputs(self):
+                return prepared.outputs()
+
+            def info(self):
+                return dict(recorded)
+
+        return WithInfo()
+
+
+def test_an_info_conditioned_entry_covers_only_examples_that_recorded_that_choice(tmp_path):
+    path = tmp_path / "ledger.toml"
+    path.write_text(
+        '[[deviation]]\nbackend = "fake-variance-about-zero"\ncheck = "shift_invariance"\noutput = "y"\n'
+        'band = [1.0, inf]\nreason = "lowered"\ninfo = { precision = ["bf16"] }\n'
+    )
+    known = load_ledger(path)
+    base = _backend("fake-variance-about-zero")
+    prop = PROPERTIES["shift_invariance"]
+    lowered = _Recorded(base, {"precision": "bf16"})
+    assert check(lowered, base.capabilities(), prop, CTX, 8, known).outcome == "xfailed"
+    kept = _Recorded(base, {"precision": "f32"})
+    assert check(kept, base.capabilities(), prop, CTX, 8, known).outcome == "failed"
+    assert check(base, base.capabilities(), prop, CTX, 8, known).outcome == "failed"
+
+
 def test_an_unknown_property_name_in_the_ledger_is_an_error(tmp_path):
     path = tmp_path / "ledger.toml"
     path.write_text(

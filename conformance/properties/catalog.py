@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -84,6 +84,7 @@ class Evaluation:
     actual: Arrays
     expected: Arrays
     allowance: Arrays
+    info: Mapping[str, object] = field(default_factory=dict)  # the call's Prepared.info()
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ class Outcome:
     bitwise: bool
     detail: str = ""
     output: str = "y"
+    # What the backend recorded for the example's calls: ledger entries may require it (ledger info).
+    info: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -126,10 +129,10 @@ def evaluate(
         backend, case, given, grad=grad, calls=1, expected_shapes=shapes, timeout=ctx.timeout
     )
     if not price:
-        return Evaluation(case, result.outputs[0], {}, {})
+        return Evaluation(case, result.outputs[0], {}, {}, result.info)
     expected = oracle.evaluate(case, given, grad=grad)
     allowance = {name: allowance_of(case, name, given, expected, ctx.tolerances) for name in shapes}
-    return Evaluation(case, result.outputs[0], expected, allowance)
+    return Evaluation(case, result.outputs[0], expected, allowance, result.info)
 
 
 def _given(inputs: Mapping[str, np.ndarray], grad: bool) -> Arrays:
@@ -166,12 +169,13 @@ def relate(
     if worst > 1.0:
         index = tuple(int(i) for i in np.unravel_index(int(np.argmax(ratio)), ratio.shape))
         detail = f"{output} at {index}: {a1[index]!r} vs {a2[index]!r}, allowed {allowed[index]:.3g}"
-    return Outcome(worst, bool(np.all(same)), detail, output)
+    return Outcome(worst, bool(np.all(same)), detail, output, {**second.info, **first.info})
 
 
 def combine(outcomes: list[Outcome]) -> Outcome:
     worst = max(outcomes, key=lambda o: o.worst_ratio)
-    return Outcome(worst.worst_ratio, all(o.bitwise for o in outcomes), worst.detail, worst.output)
+    bitwise = all(o.bitwise for o in outcomes)
+    return Outcome(worst.worst_ratio, bitwise, worst.detail, worst.output, worst.info)
 
 
 def _inputs(case: Case, grad: bool, x: np.ndarray | None = None) -> Arrays:
@@ -336,7 +340,9 @@ def _group_grid(example: Example, case: Case, spread: int = 8, step: float = 2.0
 def _only(result: Evaluation, take: Callable[[np.ndarray], np.ndarray]) -> Evaluation:
     """``result``'s y restricted to the elements ``take`` selects (of x's shape)."""
     pick: Callable[[Mapping[str, np.ndarray]], Arrays] = lambda d: {"y": take(np.asarray(d["y"]))}  # noqa: E731
-    return Evaluation(result.case, pick(result.actual), pick(result.expected), pick(result.allowance))
+    return Evaluation(
+        result.case, pick(result.actual), pick(result.expected), pick(result.allowance), result.info
+    )
 
 
 def _other_groups(case: Case, sample: int, group: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -432,7 +438,9 @@ def _params_of(inputs: Arrays) -> Arrays:
 
 def _select(result: Evaluation, rows: list[int], names: tuple[str, ...] = ("y",)) -> Evaluation:
     take: Callable[[Mapping[str, np.ndarray]], Arrays] = lambda d: {n: np.asarray(d[n])[rows] for n in names}  # noqa: E731
-    return Evaluation(result.case, take(result.actual), take(result.expected), take(result.allowance))
+    return Evaluation(
+        result.case, take(result.actual), take(result.expected), take(result.allowance), result.info
+    )
 
 
 _GROUPED = ("group_norm", "instance_norm")

@@ -169,7 +169,8 @@ def _search(
         tally.examples += 1
         if not outcome.passed:
             tally.bitwise = False
-            entry = ledger.find(backend.name, example.case(), prop.name, outcome.output) if ledger else None
+            case, output = example.case(), outcome.output
+            entry = ledger.find(backend.name, case, prop.name, output, outcome.info) if ledger else None
             if entry is None or outcome.worst_ratio > entry.band[1]:
                 tally.failing = True  # shrinking must replay examples whatever the clock says
                 raise Violation(example, outcome)
