@@ -34,7 +34,7 @@ from conformance import Case, Unsupported
 from conformance.adapter import registry
 from conformance.model.case import ADD_OPS
 from conformance.model.dtypes import numpy_dtype
-from conformance.model.inputs import COTANGENTS, make_inputs
+from conformance.model.inputs import for_call, make_inputs
 
 ROW_OPS = ("layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm")
 GROUP_OPS = ("group_norm", "instance_norm")
@@ -100,7 +100,7 @@ def measure(
         print(f"{name:18} {case.id}: left out (not registered)", flush=True)
         return None
     backend = entries[name].load()
-    given = inputs if grad else {k: v for k, v in inputs.items() if k not in COTANGENTS}
+    given = for_call(inputs, grad=grad)
     why = backend.capabilities().why_not(case, grad=grad)
     if why is None:
         try:

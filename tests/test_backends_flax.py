@@ -285,15 +285,7 @@ def test_float64_runs_in_float64() -> None:
 
 def test_capabilities() -> None:
     caps = BACKEND.capabilities()
-    assert caps.ops == {
-        "layer_norm",
-        "rms_norm",
-        "batch_norm",
-        "add_rms_norm",
-        "add_layer_norm",
-        "group_norm",
-        "instance_norm",
-    }
+    assert caps.ops == set(ALL_OPS)
     assert caps.dtypes == {"float64", "float32", "float16", "bfloat16"}
     assert {"backward", "training", "weight_offset", "no_weight", "no_bias", "multi_axis"} <= caps.features
     assert {"residual_dtype", "exact_sum"} <= caps.features and not caps.aliases

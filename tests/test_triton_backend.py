@@ -311,7 +311,9 @@ def test_kernels_call_only_triton_builtins():
 # Compiles (ahead of time, no GPU needed) each GroupNorm kernel variant for an sm_90 target, as a run on
 # a GPU would: the interpreter accepts Python that the compiler rejects (a name bound in one branch
 # only, mixed loop-carried dtypes), so the native path is checked here too.
-_AOT = """
+# The compiled mode chosen before any kernel module is imported, and build(): one kernel variant
+# compiled for sm_90 (its cubin must come out).
+_AOT_PRELUDE = """
 import functools
 from backends.triton_kernels import mode
 mode.select = functools.cache(lambda: mode.Mode(False, "cuda", "ahead-of-time compile check"))
@@ -319,13 +321,18 @@ mode.select()
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from backends.triton_kernels import group_norm as G
 
 def build(fn, types, **consts):
     names = [n for n in fn.arg_names if n not in consts]
     source = ASTSource(fn=fn, signature=dict(zip(names, types.split())), constexprs=consts)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     assert kernel.asm["cubin"], fn.__name__
+"""
+
+_AOT = (
+    _AOT_PRELUDE
+    + """
+from backends.triton_kernels import group_norm as G
 
 fwd = "*bf16 *fp32 *fp32 *fp32 *fp32 *fp32 *bf16 *fp32 *fp32 *fp32 i32 i32 i32 i32 i32"
 variants = ((True, False, True), (False, False, True), (True, True, False), (False, True, False))
@@ -340,6 +347,7 @@ for given in (False, True):
 build(G.running_update, "*fp64 *fp64 *fp64 *fp64 *fp64 i32 i32", ACC=tl.float64, BLOCK_N=128)
 print("compiled")
 """
+)
 
 
 def test_group_norm_kernels_compile_for_a_gpu():
@@ -351,21 +359,10 @@ def test_group_norm_kernels_compile_for_a_gpu():
 # The row kernels' variants for a GPU likewise: plain, fused with the residual add (stored or exact sum,
 # a float32 stream), one chunk or several; backward with the exact sum re-formed, residual_out's
 # cotangent and a dresidual buffer of its own.
-_AOT_ROWS = """
-import functools
-from backends.triton_kernels import mode
-mode.select = functools.cache(lambda: mode.Mode(False, "cuda", "ahead-of-time compile check"))
-mode.select()
-import triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+_AOT_ROWS = (
+    _AOT_PRELUDE
+    + """
 from backends.triton_kernels import layer_norm as L, rms_norm as R
-
-def build(fn, types, **consts):
-    names = [n for n in fn.arg_names if n not in consts]
-    source = ASTSource(fn=fn, signature=dict(zip(names, types.split())), constexprs=consts)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    assert kernel.asm["cubin"], fn.__name__
 
 forward = ((True, False, False), (True, True, False), (True, True, True), (False, True, True))
 for one, res, exact in forward:
@@ -382,6 +379,7 @@ for one, summed, dres_out, own in backward:
     build(R.rms_norm_bwd, "*bf16 *fp32 *fp32 *fp32 *bf16 *fp32 *fp32 *bf16 *fp32 *fp32 i32 i32", **common)
 print("compiled")
 """
+)
 
 
 def test_row_kernels_compile_for_a_gpu():

@@ -22,7 +22,7 @@ from conformance.adapter.execute import with_deadline
 from conformance.adapter.opening import Absent, Opened
 from conformance.bench import allocator, bytemodel, sweep, timing
 from conformance.model.case import Case
-from conformance.model.inputs import COTANGENTS, make_inputs
+from conformance.model.inputs import for_call, make_inputs
 from conformance.running import plugin
 
 CHECKS: tuple[str, ...] = bytemodel.CHECKS
@@ -194,7 +194,7 @@ def _inputs(case: Case) -> dict[str, np.ndarray]:
 
 def _given(case: Case, grad: bool) -> dict[str, np.ndarray]:
     """Fresh copies for one prepare(), as the conformance suite gives them (dy only with gradients)."""
-    return {k: np.array(v, copy=True) for k, v in _inputs(case).items() if grad or k not in COTANGENTS}
+    return {k: np.array(v, copy=True) for k, v in for_call(_inputs(case), grad=grad).items()}
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from conformance.failures import bundle
 from conformance.judging.tolerances import ToleranceTable
 from conformance.judging.verdict import compare_outputs
 from conformance.model.case import GROUP_OPS, Case, CaseError
-from conformance.model.inputs import COTANGENTS, PER_ROW, make_inputs
+from conformance.model.inputs import PER_ROW, for_call, make_inputs
 from conformance.model.outputs import output_shape, produced
 from conformance.results.records import ComparisonRecord
 
@@ -60,7 +60,7 @@ def runner(
     """Run ``backend`` on explicit inputs and compare ``names``; None if it refuses or fails to run."""
 
     def attempt(case: Case, inputs: Arrays) -> Attempt | None:
-        given = inputs if grad else {k: v for k, v in inputs.items() if k not in COTANGENTS}
+        given = for_call(inputs, grad=grad)
         shapes = {name: output_shape(case, name) for name in produced(case, grad)}
         try:
             execution = run_backend(

@@ -16,12 +16,14 @@ An entry may also require what the backend recorded for the case (``Prepared.inf
 norm_precision = ["bf16"] }`` applies only where the result's info holds one of those values (compared
 as text). A runtime that picks its precision from the hardware deviates on one machine and not on
 another; the condition names the choice that causes the deviation, so the entry stays strict on both.
-Checks without recorded info (the properties) never match such an entry.
+A property example carries the info of its calls too; a check that recorded no info never matches
+such an entry.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -170,11 +172,7 @@ def _info(where: str, value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 def _text(value: object) -> str:
     """An info value as the ledger compares it: strings as they are, others as JSON writes them."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def _known(checks: Collection[str]) -> dict[str, tuple[str, ...]]:

@@ -7,12 +7,13 @@ every machine and Python (``hash()`` is salted per process and never used).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from conformance.model.case import ADD_OPS, GROUP_OPS, Case
 from conformance.model.dtypes import finfo, round_to
+from conformance.model.residual import exact_sum
 
 Draw = Callable[[np.random.Generator, Case], np.ndarray]
 
@@ -121,6 +122,11 @@ COTANGENTS: tuple[str, ...] = ("dy", "dresidual_out")
 PER_ROW: tuple[str, ...] = ("x", "residual", "dy", "dresidual_out")
 
 
+def for_call(inputs: Mapping[str, np.ndarray], *, grad: bool) -> dict[str, np.ndarray]:
+    """What one backend call is given: every input, the cotangents only when it runs the backward."""
+    return {k: v for k, v in inputs.items() if grad or k not in COTANGENTS}
+
+
 def rng_for(case: Case, stream: str = "inputs") -> np.random.Generator:
     """A generator seeded from the case id and a stream name."""
     digest = hashlib.sha256(f"{case.id}|{case.seed}|{stream}".encode()).digest()
@@ -158,7 +164,7 @@ def _cotangent_scale(case: Case, x: np.ndarray, residual: np.ndarray) -> np.ndar
     dresidual_out. Scaled to 1 / sigma, both terms count in every row. The clip keeps the cotangent
     and its squares finite and normal in the stream dtype.
     """
-    rows = (np.asarray(x, np.float64) + np.asarray(residual, np.float64)).reshape(groups(case))
+    rows = exact_sum({"x": x, "residual": residual}).reshape(groups(case))
     if case.op == "add_layer_norm":
         rows = rows - rows.mean(axis=1, keepdims=True)
     sigma = np.sqrt(np.mean(rows * rows, axis=1) + case.eps)

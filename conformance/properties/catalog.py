@@ -24,7 +24,7 @@ from conformance.judging.tolerances import ToleranceTable
 from conformance.model.case import GROUP_OPS, Case
 from conformance.model.dtypes import round_to
 from conformance.model.geometry import geometry
-from conformance.model.inputs import COTANGENTS, PER_ROW, make_inputs
+from conformance.model.inputs import PER_ROW, for_call, make_inputs
 from conformance.model.outputs import output_dtype, output_shape, produced
 
 Arrays = dict[str, np.ndarray]
@@ -123,7 +123,7 @@ def evaluate(
 ) -> Evaluation:
     """Run ``backend`` on ``inputs`` (validated, under the deadline); with ``price``, also the oracle's
     answer and every element's allowance."""
-    given = _given(inputs, grad)
+    given = for_call(inputs, grad=grad)
     shapes = {name: output_shape(case, name) for name in produced(case, grad)}
     result = run_backend(
         backend, case, given, grad=grad, calls=1, expected_shapes=shapes, timeout=ctx.timeout
@@ -133,11 +133,6 @@ def evaluate(
     expected = oracle.evaluate(case, given, grad=grad)
     allowance = {name: allowance_of(case, name, given, expected, ctx.tolerances) for name in shapes}
     return Evaluation(case, result.outputs[0], expected, allowance, result.info)
-
-
-def _given(inputs: Mapping[str, np.ndarray], grad: bool) -> Arrays:
-    """What a call sees: the inputs, without dy unless it runs the backward."""
-    return {k: v for k, v in inputs.items() if grad or k not in COTANGENTS}
 
 
 def allowance_of(
@@ -270,7 +265,7 @@ def nonfinite_containment(backend: Backend, example: Example, ctx: PropertyConte
     spoiled[row, column] = poison
     dirty_inputs = {**inputs, "x": spoiled}
     dirty = evaluate(backend, case, dirty_inputs, ctx, grad, price=False)
-    given = _given(dirty_inputs, grad)
+    given = for_call(dirty_inputs, grad=grad)
     with np.errstate(invalid="ignore", over="ignore"):  # the exact answer is NaN/Inf there
         exact = oracle.evaluate(case, given, grad=grad)
     source = f"x[{row}, {column}] = {poison!r}"

@@ -534,25 +534,26 @@ class LedgerEntry:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LedgerEntry:
-        match = raw.get("match") or {}
-        info = raw.get("info") or {}
         band = raw.get("band")
         low, high = band if isinstance(band, list) and len(band) == 2 else (math.nan, math.nan)
         training = raw.get("training")
         return cls(
             _index(raw.get("index")) or 0,
-            {str(k): tuple(map(str, v if isinstance(v, list) else [v])) for k, v in match.items()}
-            if isinstance(match, Mapping)
-            else {},
+            _table(raw.get("match")),
             (figure(low), figure(high)),
             _str(raw, "reason"),
             _str(raw, "link"),
             training if isinstance(training, bool) else None,
             _str(raw, "measure", "worst_ratio"),
-            {str(k): tuple(map(str, v if isinstance(v, list) else [v])) for k, v in info.items()}
-            if isinstance(info, Mapping)
-            else {},
+            _table(raw.get("info")),
         )
+
+
+def _table(raw: Any) -> dict[str, tuple[str, ...]]:
+    """A ledger entry's key -> allowed values (match, info) as recorded: a value or a list of them."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {str(k): tuple(map(str, v if isinstance(v, list) else [v])) for k, v in raw.items()}
 
 
 @dataclass(frozen=True)

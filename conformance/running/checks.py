@@ -27,7 +27,7 @@ from conformance.judging.ledger import Ledger
 from conformance.judging.tolerances import ToleranceTable
 from conformance.judging.verdict import Verdict, compare_outputs, judge
 from conformance.model.case import Case
-from conformance.model.inputs import COTANGENTS, make_inputs
+from conformance.model.inputs import for_call, make_inputs
 from conformance.model.outputs import forward_outputs, grad_outputs, output_shape, produced, training_outputs
 from conformance.results.records import Result
 
@@ -54,7 +54,7 @@ def _execute(
     backend: Backend, case: Case, ctx: CheckContext, grad: bool, calls: int = 1, watch: bool = False
 ) -> Execution:
     inputs, _ = materials(case)
-    given = inputs if grad else {k: v for k, v in inputs.items() if k not in COTANGENTS}
+    given = for_call(inputs, grad=grad)
     shapes = {name: output_shape(case, name) for name in produced(case, grad)}
     return run_backend(
         backend, case, given, grad=grad, calls=calls, expected_shapes=shapes, timeout=ctx.timeout, watch=watch
@@ -82,7 +82,7 @@ def _saved(
     """Shrink the failure, write its bundle, and say where it is and how to replay it."""
     assert ctx.save_failures is not None
     inputs, expected = materials(case)
-    given = inputs if grad else {k: v for k, v in inputs.items() if k not in COTANGENTS}
+    given = for_call(inputs, grad=grad)
     first = shrink.Attempt(case, dict(given), actual, expected, verdict.comparisons)
     names = tuple(c.output for c in verdict.comparisons)
     attempt = shrink.runner(backend, names, grad, ctx.tolerances, ctx.timeout)

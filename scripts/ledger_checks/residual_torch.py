@@ -48,7 +48,7 @@ from conformance.judging.verdict import compare_outputs
 from conformance.model import residual
 from conformance.model.case import Case
 from conformance.model.dtypes import round_to
-from conformance.model.inputs import COTANGENTS, make_inputs
+from conformance.model.inputs import for_call, make_inputs
 from conformance.model.profiles import cases as profile_cases
 
 TABLE = tolerances.load()
@@ -67,7 +67,7 @@ def backend(name: str) -> Any:
 
 
 def run(name: str, case: Case, inputs: dict[str, np.ndarray], grad: bool) -> dict[str, np.ndarray]:
-    given = inputs if grad else {k: v for k, v in inputs.items() if k not in COTANGENTS}
+    given = for_call(inputs, grad=grad)
     prepared = backend(name).prepare(case, given, grad=grad)
     prepared()
     return dict(prepared.outputs())
