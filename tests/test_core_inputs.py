@@ -14,7 +14,7 @@ import pytest
 from conformance.model import profiles
 from conformance.model.case import DISTS, Case
 from conformance.model.dtypes import finfo, numpy_dtype
-from conformance.model.inputs import OFFSET_KAPPA, OUTLIER_VALUE, make_inputs
+from conformance.model.inputs import OFFSET_KAPPA, OUTLIER_VALUE, make_inputs, specs
 
 FP16_MAX = 65504.0
 
@@ -282,3 +282,14 @@ def test_batch_norm_running_stats_finite_and_non_negative(dtype, dist, param_dty
     assert np.isfinite(running_var).all()
     assert np.all(running_var >= 0)
     assert np.isfinite(f64(inputs["running_mean"])).all()
+
+
+@pytest.mark.parametrize("profile", ["smoke", "ci"])
+def test_specs_describe_the_drawn_inputs(profile):
+    """inputs.specs gives, without drawing them, the names, shapes and dtypes make_inputs returns."""
+    for case in profiles.cases(profile)[::3]:
+        for grad in (False, True):
+            drawn = make_inputs(case, grad=grad)
+            want = {name: (tuple(a.shape), a.dtype.name) for name, a in drawn.items()}
+            got = {name: (tuple(shape), dtype) for name, (shape, dtype) in specs(case, grad=grad).items()}
+            assert got == want, case.id

@@ -66,6 +66,31 @@ def test_info_names_every_choice():
     }
 
 
+def test_nvidia_launches_state_the_register_bound():
+    nvidia = blocks.native_policy(132, blocks.NVIDIA_MAX_REGISTERS)
+    for b in (
+        blocks.forward(16, 4096, nvidia),
+        blocks.backward(4096, 1024, nvidia),
+        blocks.forward(1, 64, nvidia),
+    ):
+        assert b.max_registers == 255
+    assert blocks.forward(16, 4096, nvidia).info("forward")["forward_max_registers"] == 255
+    # No bound where none is given: AMD, the interpreter; and then none recorded.
+    assert blocks.forward(16, 4096, NATIVE).max_registers is None
+    assert "forward_max_registers" not in blocks.forward(16, 4096, NATIVE).info("forward")
+
+
+def test_float64_launches_take_half_the_tile_natively():
+    narrow, wide = blocks.forward(4096, 64, NATIVE), blocks.forward(4096, 64, NATIVE, wide=True)
+    assert wide.block_m * wide.block_n == narrow.block_m * narrow.block_n // 2
+    long = blocks.backward(8, 4096, NATIVE, wide=True)
+    assert (long.block_n, long.chunks, long.one_chunk) == (2048, 2, False)
+    # The interpreter keeps its tiles: only its number of steps costs.
+    assert blocks.forward(4096, 64, blocks.INTERPRETED, wide=True) == blocks.forward(
+        4096, 64, blocks.INTERPRETED
+    )
+
+
 @pytest.mark.parametrize(
     "kwargs", [{"max_block_n": 48}, {"max_block_n": 0}, {"tile": 0}, {"max_programs": 0}]
 )

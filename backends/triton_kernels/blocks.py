@@ -20,6 +20,16 @@ class Policy:
     max_block_n: int  # widest column chunk (a power of two)
     tile: int  # target elements per program tile: narrow rows are packed several to a program
     max_programs: int  # cap on the backward grid = rows of the dweight/dbias partial buffers
+    # NVIDIA: the register bound every launch states (maxnreg): Triton 3.9 runs ptxas with
+    # --regAllocOptLevel=2, which without a bound aims at full occupancy and spills a few registers of
+    # the backward and GroupNorm kernels at 48 to 80 registers (the ahead-of-time check found 21 such
+    # specializations, docs/triton.md); bounded by the per-thread maximum it allocates what a kernel
+    # needs and none spills. None: no bound (AMD, the interpreter).
+    max_registers: int | None = None
+    # Half the tile and chunk when statistics accumulate in float64: two registers a value (on a GPU
+    # the float64 backward at full tiles needs over 255 registers and spills; the interpreter keeps its
+    # tiles, where only the number of steps costs).
+    halve_wide: bool = False
 
     def __post_init__(self) -> None:
         if self.max_block_n < 1 or self.max_block_n & (self.max_block_n - 1):
@@ -28,12 +38,27 @@ class Policy:
             raise ValueError(f"tile={self.tile}, max_programs={self.max_programs}: both must be >= 1")
 
 
-def native_policy(multiprocessors: int) -> Policy:
-    """On a GPU: 4096-element tiles (one long row, or up to 4096 // n narrow rows per program) keep
-    each program's loads large enough to cover HBM latency; the backward grid is two programs per
+# Elements per program tile on a GPU for rows of up to 2048 (longer rows take one row per program, in
+# chunks of up to MAX_BLOCK_N): 8 per thread at 8 warps, one or two 128-bit loads of each tile. Tiles of
+# 4096 elements of narrow rows (16 x 256) took 152 to 254 registers in the backward (12.5% occupancy on
+# every NVIDIA target) against 63 to 147 at 8 x 256 (the ahead-of-time check, docs/triton.md).
+NATIVE_TILE = 2048
+# The most registers one thread may use on NVIDIA GPUs: the bound the native launches state.
+NVIDIA_MAX_REGISTERS = 255
+
+
+def native_policy(multiprocessors: int, max_registers: int | None = None) -> Policy:
+    """On a GPU: 2048-element tiles of narrow rows, one row per program from 2048 on, keep each
+    program's loads large enough to cover HBM latency; the backward grid is two programs per
     multiprocessor, enough to fill the GPU while the float32 partial buffer (programs x n_cols) stays
-    a small fraction of the x/dy/dx traffic."""
-    return Policy(max_block_n=MAX_BLOCK_N, tile=4096, max_programs=2 * max(multiprocessors, 1))
+    a small fraction of the x/dy/dx traffic. ``max_registers``: NVIDIA_MAX_REGISTERS on NVIDIA GPUs."""
+    return Policy(
+        max_block_n=MAX_BLOCK_N,
+        tile=NATIVE_TILE,
+        max_programs=2 * max(multiprocessors, 1),
+        max_registers=max_registers,
+        halve_wide=True,
+    )
 
 
 # Under the interpreter every tl operation is one NumPy call per program, so the cost is the number of
@@ -51,19 +76,23 @@ class Blocks:
     chunks: int  # column chunks per row: 1 keeps the row tile in registers
     warps: int  # num_warps (ignored by the interpreter)
     programs: int  # grid size
+    max_registers: int | None = None  # NVIDIA: maxnreg, the Policy's register bound
 
     @property
     def one_chunk(self) -> bool:
         return self.chunks == 1
 
     def info(self, prefix: str) -> dict[str, int]:
-        return {
+        out = {
             f"{prefix}_block_m": self.block_m,
             f"{prefix}_block_n": self.block_n,
             f"{prefix}_chunks": self.chunks,
             f"{prefix}_warps": self.warps,
             f"{prefix}_programs": self.programs,
         }
+        if self.max_registers is not None:
+            out[f"{prefix}_max_registers"] = self.max_registers
+        return out
 
 
 def next_pow2(n: int) -> int:
@@ -84,25 +113,30 @@ def prev_pow2(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def _tile(n_rows: int, n_cols: int, policy: Policy) -> tuple[int, int, int]:
-    block_n = min(next_pow2(n_cols), policy.max_block_n)
+def _tile(n_rows: int, n_cols: int, policy: Policy, wide: bool) -> tuple[int, int, int]:
+    tile, max_block_n = policy.tile, policy.max_block_n
+    if wide and policy.halve_wide:
+        tile, max_block_n = max(tile // 2, 1), max(max_block_n // 2, 1)
+    block_n = min(next_pow2(n_cols), max_block_n)
     # Power-of-two rows per program (tl.arange needs it), no more than the rows there are.
-    block_m = min(prev_pow2(policy.tile // block_n), next_pow2(n_rows))
+    block_m = min(prev_pow2(tile // block_n), next_pow2(n_rows))
     return block_m, block_n, cdiv(n_cols, block_n)
 
 
-def forward(n_rows: int, n_cols: int, policy: Policy) -> Blocks:
-    """Forward: one program per tile of rows."""
-    block_m, block_n, chunks = _tile(n_rows, n_cols, policy)
-    return Blocks(block_m, block_n, chunks, warps(block_m * block_n), cdiv(n_rows, block_m))
+def forward(n_rows: int, n_cols: int, policy: Policy, *, wide: bool = False) -> Blocks:
+    """Forward: one program per tile of rows. ``wide``: statistics accumulate in float64."""
+    block_m, block_n, chunks = _tile(n_rows, n_cols, policy, wide)
+    n_warps = warps(block_m * block_n)
+    return Blocks(block_m, block_n, chunks, n_warps, cdiv(n_rows, block_m), policy.max_registers)
 
 
-def backward(n_rows: int, n_cols: int, policy: Policy) -> Blocks:
+def backward(n_rows: int, n_cols: int, policy: Policy, *, wide: bool = False) -> Blocks:
     """Backward: at most ``max_programs`` programs, each striding over tiles and keeping its own
     dweight/dbias partial row, so the second reduction adds them in a fixed order (same bits)."""
-    block_m, block_n, chunks = _tile(n_rows, n_cols, policy)
+    block_m, block_n, chunks = _tile(n_rows, n_cols, policy, wide)
     programs = min(cdiv(n_rows, block_m), policy.max_programs)
-    return Blocks(block_m, block_n, chunks, warps(block_m * block_n), programs)
+    n_warps = warps(block_m * block_n)
+    return Blocks(block_m, block_n, chunks, n_warps, programs, policy.max_registers)
 
 
 def column_sum(n_parts: int, n_cols: int) -> Blocks:

@@ -146,7 +146,7 @@ class _GroupNorm(torch.autograd.Function):
         consts = scalars(eps, momentum, acc, x.device)
         rm = x2 if running_mean is None else running_mean
         rv = x2 if running_var is None else running_var
-        b = blocks.forward(n_rows, n_cols, pol)
+        b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
         group_norm_fwd[(b.programs,)](
             x2, x2 if w is None else w, x2 if b_ is None else b_, rm, rv, consts, y, mean, rstd, var,
             n_rows, n_cols, spatial, cpg, groups,
@@ -180,7 +180,7 @@ class _GroupNorm(torch.autograd.Function):
         if want_dw or want_db or (want_dx and not ctx.given):
             dw_sum = torch.empty(n * channels, dtype=acc, device=x2.device)
             db_sum = torch.empty(n * channels, dtype=acc, device=x2.device)
-            b = blocks.forward(n * channels, spatial, ctx.pol)
+            b = blocks.forward(n * channels, spatial, ctx.pol, wide=acc == torch.float64)
             channel_sums[(b.programs,)](
                 x2, dy2, mean, rstd, dw_sum, db_sum, n * channels, spatial, cpg,
                 ACC=tl_dtype(acc), **tile_options(b),
@@ -189,7 +189,7 @@ class _GroupNorm(torch.autograd.Function):
         if want_dx:
             dx = torch.empty_like(x2)
             (n_rows, n_cols) = x2.shape
-            b = blocks.forward(n_rows, n_cols, ctx.pol)
+            b = blocks.forward(n_rows, n_cols, ctx.pol, wide=acc == torch.float64)
             group_norm_dx[(b.programs,)](
                 x2, x2 if w is None else w, dy2, mean, rstd, dw_sum, db_sum, dx,
                 n_rows, n_cols, spatial, cpg, groups,

@@ -30,7 +30,9 @@ def policy() -> blocks.Policy:
     if mode.select().interpreted:
         return blocks.INTERPRETED
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return blocks.native_policy(props.multi_processor_count)
+    # ROCm builds of torch report HIP devices through torch.cuda too: the register bound is NVIDIA's.
+    registers = blocks.NVIDIA_MAX_REGISTERS if torch.version.hip is None else None
+    return blocks.native_policy(props.multi_processor_count, registers)
 
 
 def acc_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
@@ -70,12 +72,15 @@ def reduce(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def launch_options(b: blocks.Blocks) -> dict[str, Any]:
-    return {"BLOCK_M": b.block_m, "BLOCK_N": b.block_n, "ONE_CHUNK": b.one_chunk, "num_warps": b.warps}
+    return tile_options(b) | {"ONE_CHUNK": b.one_chunk}
 
 
 def tile_options(b: blocks.Blocks) -> dict[str, Any]:
     """Launch options of the kernels that loop over every chunk whatever the row length."""
-    return {"BLOCK_M": b.block_m, "BLOCK_N": b.block_n, "num_warps": b.warps}
+    out: dict[str, Any] = {"BLOCK_M": b.block_m, "BLOCK_N": b.block_n, "num_warps": b.warps}
+    if b.max_registers is not None:
+        out["maxnreg"] = b.max_registers
+    return out
 
 
 def partial(want: bool, b: blocks.Blocks, n_cols: int, acc: torch.dtype, dummy: torch.Tensor) -> torch.Tensor:
@@ -137,7 +142,7 @@ def layer_norm_forward(
     (n_rows, n_cols), acc = x2.shape, acc_dtype(x2, w, b_, None if stream is None else stream.residual)
     mean = torch.empty(n_rows, dtype=acc, device=x2.device)
     rstd = torch.empty(n_rows, dtype=acc, device=x2.device)
-    b = blocks.forward(n_rows, n_cols, pol)
+    b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
     res, out = (x2, y) if stream is None else (stream.residual, stream.out)
     layer_norm_fwd[(b.programs,)](
         x2, res, x2 if w is None else w, x2 if b_ is None else b_, scalars(eps, 0.0, acc, x2.device),
@@ -162,7 +167,7 @@ def layer_norm_backward(
     (h, res), (mean, rstd) = saved, stats
     n_rows, n_cols = h.shape
     want_dw, want_db = want[0] and w is not None, want[1] and bias is not None
-    b = blocks.backward(n_rows, n_cols, pol)
+    b = blocks.backward(n_rows, n_cols, pol, wide=mean.dtype == torch.float64)
     dw_part = partial(want_dw, b, n_cols, mean.dtype, mean)
     db_part = partial(want_db, b, n_cols, mean.dtype, mean)
     (dx, dres_out, dres), flags = grads.kernel_args()
@@ -191,7 +196,7 @@ def rms_forward(
     (n_rows, n_cols), acc = x2.shape, acc_dtype(x2, w, None if stream is None else stream.residual)
     rstd = torch.empty(n_rows, dtype=acc, device=x2.device)
     consts = scalars(eps, offset, acc, x2.device)
-    b = blocks.forward(n_rows, n_cols, pol)
+    b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
     res, out = (x2, y) if stream is None else (stream.residual, stream.out)
     rms_norm_fwd[(b.programs,)](
         x2, res, x2 if w is None else w, consts, y, out, rstd, n_rows, n_cols,
@@ -215,7 +220,7 @@ def rms_backward(
     h, res = saved
     n_rows, n_cols = h.shape
     want_dw = want_dw and w is not None
-    b = blocks.backward(n_rows, n_cols, pol)
+    b = blocks.backward(n_rows, n_cols, pol, wide=rstd.dtype == torch.float64)
     dw_part = partial(want_dw, b, n_cols, rstd.dtype, rstd)
     (dx, dres_out, dres), flags = grads.kernel_args()
     rms_norm_bwd[(b.programs,)](

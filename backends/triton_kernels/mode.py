@@ -31,6 +31,11 @@ KERNEL_MODULES = tuple(
 )
 
 
+# Set by compile_only(): the process compiles kernels for named GPU targets (triton_kernels.aot) and
+# launches none; the autograd wrappers run on meta tensors so that their launches can be recorded.
+_COMPILE_ONLY = False
+
+
 class ModeUnavailable(RuntimeError):
     """Neither a native nor an interpreted Triton run is possible here; carries the reason."""
 
@@ -47,6 +52,10 @@ class Mode:
     def name(self) -> str:
         return "interpreted" if self.interpreted else "native"
 
+    @property
+    def compile_only(self) -> bool:
+        return self.device == "meta"
+
 
 def _env_forced() -> bool:
     return os.environ.get(INTERPRET, "0").strip().lower() in ("1", "true", "on", "yes")
@@ -57,6 +66,8 @@ def select() -> Mode:
     """The run mode of this process; raises ModeUnavailable with the reason when there is none."""
     if importlib.util.find_spec("triton") is None:
         raise ModeUnavailable("triton is not installed (pip install 'normconf[triton]')")
+    if _COMPILE_ONLY:
+        return Mode(False, "meta", "ahead-of-time compilation for named GPU targets: nothing is launched")
     import torch
 
     if _env_forced():
@@ -66,6 +77,26 @@ def select() -> Mode:
         os.environ[INTERPRET] = "1"
         return Mode(True, "cpu", f"no CUDA device: {INTERPRET}=1 set, kernels run as NumPy on the CPU")
     return _native(torch.cuda.get_device_name())
+
+
+def compile_only() -> Mode:
+    """Choose ahead-of-time compilation for this process (backends.triton_kernels.aot): the kernels are
+    decorated for a GPU, as on a CUDA machine, but only compiled for the targets named, on any machine.
+    Must come before any other choice of mode, with the interpreter off."""
+    global _COMPILE_ONLY
+    if select.cache_info().currsize and not select().compile_only:
+        raise ModeUnavailable(
+            f"the run mode was already chosen ({select().name}): choose ahead-of-time compilation "
+            f"before anything calls backends.triton_kernels.mode.select()"
+        )
+    if _env_forced():
+        raise ModeUnavailable(
+            f"{INTERPRET}=1 is set: the kernels would be decorated for the interpreter, which compiles "
+            f"nothing for a GPU; unset it for ahead-of-time compilation"
+        )
+    _COMPILE_ONLY = True
+    select.cache_clear()
+    return select()
 
 
 def _require_undecorated() -> None:

@@ -28,5 +28,6 @@ def column_sum(
     for start in range(0, n_parts, BLOCK_M):
         parts = start + tl.arange(0, BLOCK_M)  # [BLOCK_M]
         ok = (parts < n_parts)[:, None] & col_ok[None, :]
-        total += tl.load(PART + parts.to(tl.int64)[:, None] * n_cols + cols[None, :], mask=ok, other=0.0)
+        offsets = parts.to(tl.int64)[:, None] * n_cols + cols[None, :]  # a tile of partial rows
+        total += tl.load(PART + offsets, mask=ok, other=0.0)
     tl.store(OUT + cols, round_to(add_up(total, 0), OUT.dtype.element_ty), mask=col_ok)

@@ -154,6 +154,26 @@ def make_inputs(case: Case, *, grad: bool = True) -> dict[str, np.ndarray]:
     return inputs
 
 
+def specs(case: Case, *, grad: bool = True) -> dict[str, tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of each input ``make_inputs(case, grad=grad)`` returns, without drawing any: for
+    what needs only the inputs' geometry, such as recording a backend's kernel launches on large cases."""
+    out = {"x": (case.shape, case.dtype)}
+    if case.op in ADD_OPS:
+        out["residual"] = (case.shape, case.stream_dtype)
+    if case.weight:
+        out["weight"] = (case.param_shape, case.weight_dtype)
+    if case.bias:
+        out["bias"] = (case.param_shape, case.weight_dtype)
+    if case.track_running_stats:
+        channels = (case.shape[1],)
+        out |= {"running_mean": (channels, case.weight_dtype), "running_var": (channels, case.weight_dtype)}
+    if grad:
+        out["dy"] = (case.shape, case.dtype)
+        if case.op in ADD_OPS:
+            out["dresidual_out"] = (case.shape, case.stream_dtype)
+    return out
+
+
 def _cotangent_scale(case: Case, x: np.ndarray, residual: np.ndarray) -> np.ndarray:
     """Per row, the size of the norm's own gradient: 1 / sigma of h = x + residual (centred for
     add_layer_norm), clipped to [sqrt(tiny), sqrt(max)] of the stream dtype.
