@@ -17,6 +17,7 @@ import numpy as np
 
 from backends.triton_kernels import blocks, mode
 from conformance.adapter.backend import BackendUnavailable, Capabilities, Inputs, Outputs, Unsupported
+from conformance.model import inputs
 from conformance.model.case import ADD_OPS, GROUP_OPS, Case
 
 OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm", "group_norm", "instance_norm"})
@@ -214,8 +215,9 @@ class _Prepared:
 
 
 def _wide(case: Case) -> bool:
-    """The kernels accumulate in float64 when any operand is float64 (launch.acc_dtype)."""
-    return "float64" in (case.dtype, case.weight_dtype, case.stream_dtype)
+    """The kernels accumulate in float64 when any tensor they are given is float64 (launch.acc_dtype):
+    a float64 param_dtype counts only where the case has parameters or running statistics."""
+    return any(dtype == "float64" for _, dtype in inputs.specs(case, grad=False).values())
 
 
 _FORWARDS: dict[str, Callable[[_Prepared], dict[str, Any]]] = {

@@ -6,7 +6,8 @@ runs them in a subprocess), so the kernels are decorated for a GPU.
 - ``row_scale_unspecialized``: the same body with ``do_not_specialize=["n_cols"]`` (a common way to
   avoid recompiles): Triton no longer knows rows start 16-byte aligned and loads element by element.
 - ``row_scale_spilling``: a 16384-element row held by one warp across its own reduction: 512 live
-  float32 values per thread, twice the register file's 255.
+  float32 values per thread on NVIDIA, beyond the 255 registers a thread may have; on AMD 256 a lane,
+  and their exponentials, beyond its 512.
 - ``tile_dot_staged``: a pipelined 256 x 256 x 128 half-precision matmul with 4 stages: ~512 KiB of
   shared memory a block, beyond any target's limit.
 - ``not_a_kernel``: ``tl.dot`` of 1-D tensors, which no backend compiles.
@@ -48,7 +49,7 @@ def row_scale_unspecialized(X, Y, n_rows, n_cols, BLOCK_N: tl.constexpr):
 @triton.jit
 def row_scale_spilling(X, Y, n_rows, n_cols, BLOCK_N: tl.constexpr):
     offsets, ok, x = _row(X, n_cols, BLOCK_N)
-    # Every x stays live across the reduction: BLOCK_N / 32 values per thread of one warp.
+    # Every x stays live across the reduction: BLOCK_N / 32 values per thread of one NVIDIA warp.
     y = tl.exp(x) / tl.reduce(tl.exp(x), 0, _add) * tl.sqrt(x * x + 1.0)
     tl.store(Y + offsets, y.to(Y.dtype.element_ty), mask=ok)
 

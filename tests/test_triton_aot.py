@@ -122,19 +122,23 @@ _LAUNCHES = """
 import json, math
 from backends.triton_kernels import mode, blocks
 mode.compile_only()
+from backends import triton_backend
 from backends.triton_kernels.aot import launches
 from conformance.model.case import Case
-pol = blocks.native_policy(132)
+pol = blocks.native_policy(132, blocks.NVIDIA_MAX_REGISTERS)
 cases = [
     Case(op="layer_norm", shape=(4, 4096), dtype="bfloat16", eps=1e-5, param_dtype="float32"),
+    Case(op="layer_norm", shape=(4, 4096), dtype="float64", eps=1e-5),
     Case(op="add_rms_norm", shape=(2048, 8192), dtype="bfloat16", eps=1e-5, residual_dtype="float32"),
     Case(op="group_norm", shape=(2, 320, 64, 64), dtype="float16", eps=1e-5, num_groups=32),
 ]
 for case in cases:
     for backend in launches.BACKENDS:
-        got = [(l.name, l.kwargs.get("BLOCK_M"), l.kwargs.get("BLOCK_N"), l.warps, l.programs, l.backward)
-               for l in launches.launches(case, backend, pol)]
+        got = [(l.name, l.kwargs.get("BLOCK_M"), l.kwargs.get("BLOCK_N"), l.warps, l.programs, l.backward,
+                l.kwargs.get("maxnreg")) for l in launches.launches(case, backend, pol)]
         print(json.dumps({"case": case.id, "backend": backend, "launches": got}))
+    prepared = triton_backend._Prepared(case, launches._tensors(case, True), True, mode.select(), pol)
+    print(json.dumps({"case": case.id, "backend": "info", "launches": dict(prepared.info())}))
 """
 
 
@@ -145,22 +149,36 @@ def test_recorded_launches_are_the_policys():
     done = _run(["-c", _LAUNCHES])
     assert done.returncode == 0, done.stderr[-4000:]
     found = {(r["case"], r["backend"]): r["launches"] for r in map(json.loads, done.stdout.splitlines())}
-    pol = blocks.native_policy(132)
+    pol = blocks.native_policy(132, blocks.NVIDIA_MAX_REGISTERS)
+
+    def launch(name: str, b: blocks.Blocks, backward: bool) -> list:
+        return [name, b.block_m, b.block_n, b.warps, b.programs, backward, 255]
 
     ln = Case(op="layer_norm", shape=(4, 4096), dtype="bfloat16", eps=1e-5, param_dtype="float32")
     f, b = blocks.forward(4, 4096, pol), blocks.backward(4, 4096, pol)
     assert found[(ln.id, "triton")][:2] == [
-        ["layer_norm_fwd", f.block_m, f.block_n, f.warps, f.programs, False],
-        ["layer_norm_bwd", b.block_m, b.block_n, b.warps, b.programs, True],
+        launch("layer_norm_fwd", f, False),
+        launch("layer_norm_bwd", b, True),
     ]
     # dweight and dbias: one column sum each over the backward's partial rows.
     assert [x[0] for x in found[(ln.id, "triton")][2:]] == ["column_sum", "column_sum"]
     assert found[(ln.id, "triton-inplace")] == []  # not an add op
 
+    # float64: half the tile, so rows of 4096 in two chunks of 2048.
+    wide = Case(op="layer_norm", shape=(4, 4096), dtype="float64", eps=1e-5)
+    f, b = blocks.forward(4, 4096, pol, wide=True), blocks.backward(4, 4096, pol, wide=True)
+    assert (f.block_n, f.chunks) == (2048, 2)
+    assert found[(wide.id, "triton")][:2] == [
+        launch("layer_norm_fwd", f, False),
+        launch("layer_norm_bwd", b, True),
+    ]
+
     add = Case(op="add_rms_norm", shape=(2048, 8192), dtype="bfloat16", eps=1e-5, residual_dtype="float32")
     f, b = blocks.forward(2048, 8192, pol), blocks.backward(2048, 8192, pol)
-    assert found[(add.id, "triton")][0] == ["rms_norm_fwd", f.block_m, f.block_n, f.warps, f.programs, False]
-    assert found[(add.id, "triton")][1] == ["rms_norm_bwd", b.block_m, b.block_n, b.warps, b.programs, True]
+    assert found[(add.id, "triton")][:2] == [
+        launch("rms_norm_fwd", f, False),
+        launch("rms_norm_bwd", b, True),
+    ]
     # The in-place backend declares no float32 stream: it does not run this case.
     assert found[(add.id, "triton-inplace")] == []
 
@@ -168,6 +186,15 @@ def test_recorded_launches_are_the_policys():
     names = [x[0] for x in found[(gn.id, "triton")]]
     # The forward once (autograd's run of it again is not repeated), then the backward's four.
     assert names == ["group_norm_fwd", "channel_sums", "group_norm_dx", "column_sum", "column_sum"]
+
+    # What a result's extra.info records is what was launched.
+    for case in (ln, wide, add):
+        info = found[(case.id, "info")]
+        fwd, bwd = found[(case.id, "triton")][:2]
+        for prefix, got in (("forward", fwd), ("backward", bwd)):
+            keys = ("block_m", "block_n", "warps", "programs", "max_registers")
+            recorded = [info[f"{prefix}_{k}"] for k in keys]
+            assert recorded == [got[1], got[2], got[3], got[4], got[6]], (case.id, prefix)
 
 
 def test_compile_only_is_refused_after_another_mode_or_with_the_interpreter():
@@ -204,7 +231,8 @@ print(json.dumps(out))
 
 def test_the_figures_in_the_docs_are_this_enumerations():
     """docs/triton.md's table counts, per kernel and target, the specializations the current kernels and
-    launch policy make: a change to either without `make gpu-aot` leaves it stale, and fails here."""
+    launch policy make: a change to the policy or to the kernels' flags without `make gpu-aot` leaves
+    the counts stale, and fails here (the figures beside them only `make gpu-aot` recomputes)."""
     import re
 
     done = _run(["-c", _COUNTS])

@@ -35,6 +35,9 @@ def test_targets_parse_and_reject_unknown_names():
         (SM80, 4, 32, 100 * 1024, 1, 4 / 64, "shared"),  # 164 KiB an SM
         (SM90, 4, 32, 228 * 1024, 0, 0.0, "shared"),  # over the 227 KiB one block may have
         (SM90, 4, 256, 0, 0, 0.0, "registers"),
+        # Registers per SM sub-partition: 87 -> 2816 a warp, 5 warps in each quarter's 16 Ki, 20 in all
+        # (64 Ki / 2816 would say 23, and 11 blocks).
+        (SM80, 2, 87, 0, 10, 20 / 64, "registers"),
     ],
 )
 def test_nvidia_occupancy(target, warps, registers, shared, blocks, fraction, limiter):
@@ -53,12 +56,17 @@ def test_nvidia_occupancy(target, warps, registers, shared, blocks, fraction, li
         (2, 120, 0, 60, 8, 0.5, "registers"),  # 4 waves a SIMD, 2 SIMDs a workgroup
         (8, 64, 0, 104, 3, 0.75, "registers"),  # more than 100 SGPRs: 7 waves a SIMD
         (4, 600, 0, 60, 0, 0.0, "registers"),
+        (2, 40, 0, 60, 16, 1.0, "warps"),  # 16 two-wave workgroups: all 32 slots, all 16 barriers
     ],
 )
 def test_amd_occupancy(warps, vgprs, shared, sgprs, blocks, fraction, limiter):
     got = occupancy(GFX942, warps, vgprs, shared, sgprs)
     assert (got.blocks, got.limiter) == (blocks, limiter)
     assert got.fraction == pytest.approx(fraction)
+
+
+def test_amd_workgroups_per_cu_follow_llvm():
+    assert [targets.amd_max_blocks(GFX942, w) for w in (1, 2, 4, 8)] == [32, 16, 8, 4]
 
 
 def test_amd_register_waves_follow_llvm():

@@ -52,7 +52,7 @@ def test_backward_grid_is_capped_so_the_partial_buffer_stays_small():
 
 
 def test_column_sum_covers_every_partial_row_and_column():
-    b = blocks.column_sum(264, 1000)
+    b = blocks.column_sum(264, 1000, NATIVE)
     assert b.block_m * b.chunks >= 264 and b.block_n * b.programs >= 1000
 
 
@@ -104,6 +104,6 @@ def test_policy_rejects_impossible_values(kwargs):
     ("channels", "block_n", "programs"), [(1, 1, 1), (3, 4, 1), (1024, 1024, 1), (1500, 1024, 2)]
 )
 def test_running_update_gives_every_channel_one_lane(channels, block_n, programs):
-    b = blocks.channels(channels)
+    b = blocks.channels(channels, NATIVE)
     assert (b.block_m, b.block_n, b.chunks, b.programs) == (1, block_n, 1, programs)
     assert b.block_n * b.programs >= channels and b.warps == blocks.warps(block_n)

@@ -38,7 +38,7 @@ class Policy:
             raise ValueError(f"tile={self.tile}, max_programs={self.max_programs}: both must be >= 1")
 
 
-# Elements per program tile on a GPU for rows of up to 2048 (longer rows take one row per program, in
+# Elements per program tile on a GPU for rows of up to 1024 (longer rows take one row per program, in
 # chunks of up to MAX_BLOCK_N): 8 per thread at 8 warps, one or two 128-bit loads of each tile. Tiles of
 # 4096 elements of narrow rows (16 x 256) took 152 to 254 registers in the backward (12.5% occupancy on
 # every NVIDIA target) against 63 to 147 at 8 x 256 (the ahead-of-time check, docs/triton.md).
@@ -48,7 +48,7 @@ NVIDIA_MAX_REGISTERS = 255
 
 
 def native_policy(multiprocessors: int, max_registers: int | None = None) -> Policy:
-    """On a GPU: 2048-element tiles of narrow rows, one row per program from 2048 on, keep each
+    """On a GPU: 2048-element tiles of rows up to 1024, one row per program beyond, keep each
     program's loads large enough to cover HBM latency; the backward grid is two programs per
     multiprocessor, enough to fill the GPU while the float32 partial buffer (programs x n_cols) stays
     a small fraction of the x/dy/dx traffic. ``max_registers``: NVIDIA_MAX_REGISTERS on NVIDIA GPUs."""
@@ -139,16 +139,19 @@ def backward(n_rows: int, n_cols: int, policy: Policy, *, wide: bool = False) ->
     return Blocks(block_m, block_n, chunks, n_warps, programs, policy.max_registers)
 
 
-def column_sum(n_parts: int, n_cols: int) -> Blocks:
+def column_sum(n_parts: int, n_cols: int, policy: Policy) -> Blocks:
     """The second reduction over the partial buffer: 64 partial rows x 128 columns per step, one
     program per 128 columns; it reads programs x n_cols floats, so it is never the bottleneck."""
     block_n = min(next_pow2(n_cols), 128)
     block_m = min(next_pow2(n_parts), 64)
-    return Blocks(block_m, block_n, cdiv(n_parts, block_m), warps(block_m * block_n), cdiv(n_cols, block_n))
+    n_warps = warps(block_m * block_n)
+    return Blocks(
+        block_m, block_n, cdiv(n_parts, block_m), n_warps, cdiv(n_cols, block_n), policy.max_registers
+    )
 
 
-def channels(n_channels: int) -> Blocks:
+def channels(n_channels: int, policy: Policy) -> Blocks:
     """InstanceNorm's running update: one lane per channel, up to 1024 channels per program, each lane
     looping over the samples; it reads N x C statistics once, so one wide tile per program suffices."""
     block_n = min(next_pow2(n_channels), 1024)
-    return Blocks(1, block_n, 1, warps(block_n), cdiv(n_channels, block_n))
+    return Blocks(1, block_n, 1, warps(block_n), cdiv(n_channels, block_n), policy.max_registers)

@@ -155,10 +155,10 @@ class _GroupNorm(torch.autograd.Function):
         )  # fmt: skip
         if update:
             # G = C here: the group rows are the (sample, channel) instances, [N, C] in memory.
-            u = blocks.channels(channels)
+            u = blocks.channels(channels, pol)
             running_update[(u.programs,)](
                 mean, var, consts, rm, rv, n, channels,
-                ACC=tl_dtype(acc), BLOCK_N=u.block_n, num_warps=u.warps,
+                ACC=tl_dtype(acc), BLOCK_N=u.block_n, **launch.warp_options(u),
             )  # fmt: skip
         ctx.save_for_backward(x2, w, mean, rstd)
         ctx.pol, ctx.shape, ctx.bias, ctx.given = pol, x.shape, b_, given
@@ -196,8 +196,8 @@ class _GroupNorm(torch.autograd.Function):
                 HAS_W=w is not None, GIVEN_STATS=ctx.given, ACC=tl_dtype(acc), **tile_options(b),
             )  # fmt: skip
             dx = dx.view(ctx.shape)
-        dw = reduce(dw_sum.view(n, channels), w) if want_dw else None
-        db = reduce(db_sum.view(n, channels), ctx.bias) if want_db else None
+        dw = reduce(dw_sum.view(n, channels), w, ctx.pol) if want_dw else None
+        db = reduce(db_sum.view(n, channels), ctx.bias, ctx.pol) if want_db else None
         return (dx, dw, db) + (None,) * 7
 
 

@@ -61,13 +61,11 @@ def rows(x: torch.Tensor, normalized_shape: Sequence[int]) -> torch.Tensor:
     return x.reshape(-1, n_cols).contiguous()
 
 
-def reduce(part: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def reduce(part: torch.Tensor, like: torch.Tensor, pol: blocks.Policy) -> torch.Tensor:
     """Sum the partial rows [programs, n_cols] into a tensor shaped and typed like ``like``."""
     out = torch.empty(like.shape, dtype=like.dtype, device=like.device)
-    b = blocks.column_sum(part.shape[0], part.shape[1])
-    column_sum[(b.programs,)](
-        part, out, part.shape[0], part.shape[1], BLOCK_M=b.block_m, BLOCK_N=b.block_n, num_warps=b.warps
-    )
+    b = blocks.column_sum(part.shape[0], part.shape[1], pol)
+    column_sum[(b.programs,)](part, out, part.shape[0], part.shape[1], **tile_options(b))
     return out
 
 
@@ -77,10 +75,14 @@ def launch_options(b: blocks.Blocks) -> dict[str, Any]:
 
 def tile_options(b: blocks.Blocks) -> dict[str, Any]:
     """Launch options of the kernels that loop over every chunk whatever the row length."""
-    out: dict[str, Any] = {"BLOCK_M": b.block_m, "BLOCK_N": b.block_n, "num_warps": b.warps}
-    if b.max_registers is not None:
-        out["maxnreg"] = b.max_registers
-    return out
+    return {"BLOCK_M": b.block_m, "BLOCK_N": b.block_n, **warp_options(b)}
+
+
+def warp_options(b: blocks.Blocks) -> dict[str, Any]:
+    """num_warps, and on NVIDIA the register bound (blocks.Policy.max_registers)."""
+    if b.max_registers is None:
+        return {"num_warps": b.warps}
+    return {"num_warps": b.warps, "maxnreg": b.max_registers}
 
 
 def partial(want: bool, b: blocks.Blocks, n_cols: int, acc: torch.dtype, dummy: torch.Tensor) -> torch.Tensor:
@@ -177,8 +179,8 @@ def layer_norm_backward(
         SUM=res is not None, **flags, HAS_W=w is not None, WANT_DW=want_dw, WANT_DB=want_db,
         ACC=tl_dtype(mean.dtype), **launch_options(b),
     )  # fmt: skip
-    dw = reduce(dw_part, w) if want_dw and w is not None else None
-    db = reduce(db_part, bias) if want_db and bias is not None else None
+    dw = reduce(dw_part, w, pol) if want_dw and w is not None else None
+    db = reduce(db_part, bias, pol) if want_db and bias is not None else None
     return dw, db
 
 
@@ -229,4 +231,4 @@ def rms_backward(
         SUM=res is not None, **flags, HAS_W=w is not None, WANT_DW=want_dw, ACC=tl_dtype(rstd.dtype),
         **launch_options(b),
     )  # fmt: skip
-    return reduce(dw_part, w) if want_dw and w is not None else None
+    return reduce(dw_part, w, pol) if want_dw and w is not None else None

@@ -55,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         "--targets", default="all", help="all, or a comma list of: sm_80, sm_90, sm_100, gfx90a, gfx942"
     )
     parser.add_argument("--sources", default="ci,full,sweep", help="case sources: ci, full, smoke, sweep")
-    parser.add_argument("--sample", type=int, default=None, help="compile only N specializations per kernel")
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=None,
+        help="compile only N (1 to 4) specializations per kernel: the widest"
+        " tile, a chunked one, a float64 one, the most flags",
+    )
     parser.add_argument(
         "--variants",
         action="store_true",
@@ -82,8 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         chosen = targets.parse(args.targets)
         sources = [s.strip() for s in args.sources.split(",") if s.strip()]
         run.cases(sources)
-        if args.sample is not None and args.sample < 1:
-            raise ValueError(f"--sample={args.sample} is not allowed; allowed: an integer >= 1")
+        if args.sample is not None and not 1 <= args.sample <= run.MAX_SAMPLE:
+            raise ValueError(f"--sample={args.sample} is not allowed; allowed: 1 to {run.MAX_SAMPLE}")
+        if args.jobs is not None and args.jobs < 1:
+            raise ValueError(f"--jobs={args.jobs} is not allowed; allowed: an integer >= 1")
+        if args.doc is not None and (args.sample is not None or args.variants):
+            raise ValueError(
+                "--doc with --sample or --variants is not allowed: the page tables every specialization"
+            )
     except ValueError as exc:
         parser.error(str(exc))
     jobs = args.jobs if args.jobs is not None else run.default_jobs()

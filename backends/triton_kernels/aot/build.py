@@ -60,14 +60,20 @@ class Specialization:
     signature: dict[str, str]
     constexprs: dict[str, Any]
     aligned: tuple[str, ...]  # arguments Triton knows are multiples of 16 (pointers: 16-byte aligned)
+    ranged: tuple[str, ...]  # AMD: pointers whose tensors span under 2 GiB (buffer instructions)
     warps: int
+    max_registers: int | None  # NVIDIA: the launch's maxnreg
 
     @property
     def key(self) -> str:
         """Stable text naming the specialization (tables, deduplication)."""
         types = " ".join(f"{k}:{v}" for k, v in self.signature.items() if v != "constexpr")
         consts = ", ".join(f"{k}={_text(v)}" for k, v in self.constexprs.items())
-        return f"{self.kernel}({types}; {consts}; aligned {','.join(self.aligned)}; warps={self.warps})"
+        attrs = f"aligned {','.join(self.aligned)}" + (
+            f"; ranged {','.join(self.ranged)}" if self.ranged else ""
+        )
+        bound = "" if self.max_registers is None else f", maxnreg={self.max_registers}"
+        return f"{self.kernel}({types}; {consts}; {attrs}; warps={self.warps}{bound})"
 
     @property
     def short(self) -> str:
@@ -118,8 +124,15 @@ def specialize(launch: Launch, target: targets.Target) -> tuple[Specialization, 
         ) from exc
     names = list(signature)
     aligned = tuple(names[path[0]] for path, attr in attrs.items() if ["tt.divisibility", 16] in attr)
+    ranged = tuple(names[path[0]] for path, attr in attrs.items() if ["tt.pointer_range", 32] in attr)
+    known = {"tt.divisibility", "tt.pointer_range"}
+    other = [a for attr in attrs.values() for a in attr if a[0] not in known]
+    if other:
+        # A specialization this module does not name would be compiled once for launches that differ.
+        raise RuntimeError(f"Triton {triton.__version__} specializes on attributes not named here: {other}")
     consts = {names[path[0]]: value for path, value in constexprs.items()}
-    found = Specialization(launch.name, dict(signature), consts, aligned, options.num_warps)
+    bound = getattr(options, "maxnreg", None)
+    found = Specialization(launch.name, dict(signature), consts, aligned, ranged, options.num_warps, bound)
     return found, ASTSource(kernel, signature, constexprs, attrs), options
 
 
@@ -138,6 +151,15 @@ class Compiled:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def vectorized(self) -> bool | None:
+        """None where no width is expected (or nothing was compiled); else whether row tile accesses
+        were found and every one reaches it."""
+        if not self.vector_bits or self.accesses is None:
+            return None
+        tiles = tile_accesses(self.accesses)
+        return bool(tiles) and all(a.bits >= self.vector_bits for a in tiles)
 
 
 def compile_launch(launch: Launch, target: targets.Target) -> Compiled:

@@ -37,7 +37,7 @@ from conformance.model.dtypes import DTYPES
 BACKENDS = {
     "triton": Capabilities(triton_backend.OPS, triton_backend.DTYPES, triton_backend.FEATURES),
     "triton-inplace": Capabilities(
-        frozenset({"add_rms_norm", "add_layer_norm"}), triton_backend.DTYPES, triton_backend.IN_PLACE_FEATURES
+        frozenset(triton_backend._IN_PLACE), triton_backend.DTYPES, triton_backend.IN_PLACE_FEATURES
     ),
 }
 
@@ -117,16 +117,24 @@ def launches(case: Case, backend: str, policy: blocks.Policy) -> list[Launch]:
     it cannot run the case."""
     caps = BACKENDS[backend]
     recorded: list[Launch] = []
-    forward = 0
+    forward: list[tuple[str, dict[str, Any]]] = []  # (kernel, options) of the forward's launches
     for grad in (False, True):
         if caps.why_not(case, grad=grad) is not None:
             continue
         calls = _record(case, backend, policy, grad)
+        if grad:
+            again = [(c[0].__name__, c[2]) for c in calls[: len(forward)]]
+            if again != forward:
+                raise RuntimeError(
+                    f"{backend} on {case.id}: the forward under autograd launches {again}, not the "
+                    f"forward's own {forward}; the backward's launches cannot be told apart"
+                )
         for i, (kernel, args, kwargs, programs) in enumerate(calls):
-            if grad and i < forward:
+            if grad and i < len(forward):
                 continue  # the forward again, as autograd runs it: the same launches
             recorded.append(Launch(kernel, args, kwargs, programs, case.id, grad))
-        forward = len(calls)
+        if not grad:
+            forward = [(c[0].__name__, c[2]) for c in calls]
     return recorded
 
 

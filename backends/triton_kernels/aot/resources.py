@@ -4,9 +4,10 @@ width. Pure text parsing (no Triton import), so every rule is unit-tested on sma
 NVIDIA: ptxas's verbose report for the cubin ("Used N registers", "N bytes stack frame, N bytes spill
 stores, N bytes spill loads", "N bytes smem" when there is static shared memory) and the PTX's
 ``ld.global`` / ``st.global`` instructions. AMD: the code object's metadata in the AMDGCN listing
-(``.vgpr_count``, ``.agpr_count``, ``.sgpr_count``, ``.vgpr_spill_count``, ``.sgpr_spill_count``,
-``.group_segment_fixed_size``, ``.private_segment_fixed_size``), LLVM's own occupancy remark, and the
-``global_`` / ``buffer_`` load and store instructions.
+(``.vgpr_count``, which on gfx90a and later counts the unified file, accumulation registers included;
+``.sgpr_count``, ``.vgpr_spill_count``, ``.sgpr_spill_count``, ``.group_segment_fixed_size``,
+``.private_segment_fixed_size``), LLVM's own occupancy remark, and the ``global_`` / ``buffer_`` load
+and store instructions.
 """
 
 from __future__ import annotations

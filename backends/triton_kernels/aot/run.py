@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import cache
+from importlib import metadata
 from typing import Any
 
 from backends.triton_kernels import blocks, mode
@@ -68,6 +69,10 @@ def specializations(target: targets.Target, sources: Sequence[str]) -> list[Foun
                 if not entry[1] or entry[1][-1] != case.id:
                     entry[1].append(case.id)
     return [Found(key, launch.name, launch, tuple(ids)) for key, (launch, ids) in seen.items()]
+
+
+# sample() ranks by four criteria, one pick each.
+MAX_SAMPLE = 4
 
 
 def sample(found: Sequence[Found], per_kernel: int) -> list[Found]:
@@ -154,6 +159,7 @@ def record(compiled: Any, found: Found) -> dict[str, Any]:
         if occ is None
         else {"blocks": occ.blocks, "fraction": occ.fraction, "limiter": occ.limiter},
         "vector_bits": compiled.vector_bits,
+        "vectorized": compiled.vectorized,
         "tile_access_bits": sorted({a.bits for a in tiles}),
         "accesses": None if compiled.accesses is None else compiled.accesses.as_dict(),
         "problems": list(compiled.problems),
@@ -218,8 +224,8 @@ def summary_rows(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
             regs = _worst(group, lambda r: r["resources"]["registers"])
             shared = _worst(group, lambda r: r["resources"]["shared"])
             occ = _worst(group, lambda r: r["occupancy"]["fraction"], highest=False)
-            expected = [r for r in group if r["vector_bits"]]
-            vectorized = [r for r in expected if not any("not vectorized" in p for p in r["problems"])]
+            expected = [r for r in group if r["vectorized"] is not None]
+            vectorized = [r for r in expected if r["vectorized"]]
             rows.append(
                 {
                     "kernel": kernel,
@@ -241,7 +247,8 @@ def summary_rows(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
 def markdown(results: dict[str, list[dict[str, Any]]], counts: dict[str, int], sources: Sequence[str]) -> str:
     """The figures tables (docs/triton.md): one line per kernel and target."""
     lines = [
-        f"Cases: {', '.join(sources)}. Specializations compiled per target: "
+        f"Triton {metadata.version('triton')}. Cases: {', '.join(sources)}."
+        " Specializations compiled per target: "
         + ", ".join(
             f"{t} {len(r)}" + ("" if len(r) == counts[t] else f" of {counts[t]}") for t, r in results.items()
         )

@@ -36,6 +36,9 @@ class Target:
     shared_reserved: int  # bytes the system reserves per block (NVIDIA since 8.0)
     shared_unit: int  # allocation unit of shared memory per block
     simds: int = 1  # AMD: SIMDs per CU that a workgroup's waves are spread over
+    # NVIDIA: the register file is split over 4 SM sub-partitions, each allocating whole warps
+    # (cuda_occupancy.h, cudaOccMaxBlocksPerSMRegsLimit).
+    register_partitions: int = 1
 
     @property
     def vendor(self) -> str:
@@ -59,6 +62,7 @@ def _nvidia(capability: int, product: str, sms: int, shared_kib: int) -> Target:
         shared_per_block=(shared_kib - 1) * 1024,
         shared_reserved=1024,
         shared_unit=128,
+        register_partitions=4,
     )
 
 
@@ -74,8 +78,9 @@ def _amd(arch: str, product: str, cus: int) -> Target:
         max_registers=512,
         register_unit=8,
         max_warps=8,
-        # LLVM's limit of workgroups per CU for these targets (getMaxWorkGroupsPerCU: 40 waves of 64).
-        max_blocks=40,
+        # Workgroups per CU (LLVM's getMaxWorkGroupsPerCU): one-wave workgroups up to the CU's 32 wave
+        # slots; wider ones also need one of the CU's 16 barriers (amd_max_blocks).
+        max_blocks=32,
         shared=65536,
         shared_per_block=65536,
         shared_reserved=0,
@@ -94,8 +99,6 @@ TARGETS: dict[str, Target] = {
         _amd("gfx942", "MI300X", 304),
     )
 }
-# The fast subset of the tests and `make gpu-aot --quick`: one target per vendor.
-QUICK = ("sm_90", "gfx942")
 
 
 def parse(names: str) -> tuple[Target, ...]:
@@ -150,9 +153,10 @@ def _pick(limits: dict[str, int]) -> tuple[int, str]:
 
 def _nvidia_occupancy(target: Target, warps: int, registers: int, shared: int) -> Occupancy:
     per_warp = _ceil(max(registers, 1) * target.warp_size, target.register_unit)
+    parts = target.register_partitions
     limits = {
         "warps": target.max_warps // warps,
-        "registers": (target.registers // per_warp) // warps,
+        "registers": (target.registers // parts // per_warp) * parts // warps,
         "shared": target.shared // shared_per_block(target, shared),
         "blocks": target.max_blocks,
     }
@@ -174,6 +178,11 @@ def amd_vgpr_waves(target: Target, vgprs: int) -> int:
     return min(target.registers // _ceil(max(vgprs, 1), target.register_unit), target.max_warps)
 
 
+def amd_max_blocks(target: Target, warps: int) -> int:
+    """Workgroups one CU holds at most: a workgroup of several waves takes one of 16 barriers."""
+    return target.max_blocks if warps == 1 else min(target.max_blocks // warps, 16)
+
+
 def _amd_occupancy(target: Target, warps: int, vgprs: int, shared: int, sgprs: int) -> Occupancy:
     # A workgroup's waves are spread over the CU's SIMDs: ceil(warps / simds) of them on each.
     per_simd = -(-warps // target.simds)
@@ -186,8 +195,8 @@ def _amd_occupancy(target: Target, warps: int, vgprs: int, shared: int, sgprs: i
     by_slots = slots * target.simds // warps if warps < target.simds else slots // per_simd
     limits = {
         slot_limiter: by_slots,
-        "shared": target.shared // shared if shared else target.max_blocks,
-        "blocks": target.max_blocks,
+        "shared": target.shared // shared_per_block(target, shared) if shared else target.max_blocks,
+        "blocks": amd_max_blocks(target, warps),
     }
     blocks, limiter = _pick(limits)
     return Occupancy(blocks, blocks * warps / (target.max_warps * target.simds), limiter)
