@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import cache
@@ -71,32 +71,30 @@ def specializations(target: targets.Target, sources: Sequence[str]) -> list[Foun
     return [Found(key, launch.name, launch, tuple(ids)) for key, (launch, ids) in seen.items()]
 
 
-# sample() ranks by four criteria, one pick each.
-MAX_SAMPLE = 4
+# What sample() picks first in each kernel, one specialization per ranking: the widest tile, a chunked
+# one, a float64 one, the one with the most flags.
+_RANKINGS: tuple[Callable[[Found], Any], ...] = (
+    lambda f: -_elements(f),
+    lambda f: (f.launch.kwargs.get("ONE_CHUNK", True), -_elements(f)),
+    lambda f: not any("float64" in str(a.dtype) for a in _tensors(f)),
+    lambda f: -sum(v is True for v in f.launch.kwargs.values()),
+)
+MAX_SAMPLE = len(_RANKINGS)
 
 
 def sample(found: Sequence[Found], per_kernel: int) -> list[Found]:
-    """A few specializations per kernel, the ones most likely to go wrong first: the widest tile, a
-    chunked one, a float64 one, then the most flags; deterministic."""
+    """A few specializations per kernel, the ones most likely to go wrong first (_RANKINGS);
+    deterministic."""
     by_kernel: dict[str, list[Found]] = {}
     for f in found:
         by_kernel.setdefault(f.kernel, []).append(f)
     chosen: list[Found] = []
     for group in by_kernel.values():
-        rankings = (
-            lambda f: -_elements(f),
-            lambda f: (f.launch.kwargs.get("ONE_CHUNK", True), -_elements(f)),
-            lambda f: (not any("fp64" in str(a.dtype) or "float64" in str(a.dtype) for a in _tensors(f)),),
-            lambda f: -sum(v is True for v in f.launch.kwargs.values()),
-        )
         picked: list[Found] = []
-        for rank in rankings:
-            for f in sorted(group, key=lambda f: (rank(f), f.key)):
-                if f not in picked:
-                    picked.append(f)
-                    break
-            if len(picked) == per_kernel:
-                break
+        for rank in _RANKINGS[:per_kernel]:
+            rest = [f for f in group if f not in picked]
+            if rest:  # a kernel with fewer specializations than picks gives them all
+                picked.append(min(rest, key=lambda f: (rank(f), f.key)))
         chosen += picked
     return chosen
 
@@ -123,7 +121,9 @@ def _tensors(f: Found) -> list[Any]:
 
 
 @cache
-def _worker_specializations(target: str, sources: tuple[str, ...]) -> dict[str, Found]:
+def _found(target: str, sources: tuple[str, ...]) -> dict[str, Found]:
+    """specializations() by key, once per process: compile_all fills it before its pool forks, so the
+    workers inherit it instead of enumerating again (where processes are spawned, each enumerates)."""
     return {f.key: f for f in specializations(targets.TARGETS[target], sources)}
 
 
@@ -136,7 +136,7 @@ def _compile(job: tuple[str, tuple[str, ...], str]) -> dict[str, Any]:
     from backends.triton_kernels.aot import build
 
     target, sources, key = job
-    found = _worker_specializations(target, sources)[key]
+    found = _found(target, sources)[key]
     return record(build.compile_launch(found.launch, targets.TARGETS[target]), found)
 
 
@@ -179,7 +179,7 @@ def compile_all(
     work: list[tuple[str, tuple[str, ...], str]] = []
     counts: dict[str, int] = {}
     for target in chosen:
-        found = specializations(target, sources)
+        found = list(_found(target.name, tuple(sources)).values())
         counts[target.name] = len(found)
         picked = found
         if per_kernel is not None or flag_variants:
