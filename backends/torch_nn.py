@@ -11,7 +11,9 @@ float32 sum beside half parameters, the parameters are widened exactly (``_torch
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,8 @@ from torch import nn
 from backends import _torch_common as common
 from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Prepared, Unsupported
 from conformance.model.case import Case
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 # torch.nn picks the BatchNorm class by input rank; each checks x.ndim in forward().
 _BATCH_NORMS: dict[int, type[nn.modules.batchnorm._BatchNorm]] = {
@@ -61,6 +65,19 @@ def _eps(case: Case, default_eps: bool) -> dict[str, float]:
     return {} if default_eps else {"eps": case.eps}
 
 
+def with_bias(cls: Callable[..., ModuleT], case: Case, *args: Any, **kwargs: Any) -> ModuleT:
+    """``cls(*args, bias=case.bias, **kwargs)`` where the installed torch's module takes ``bias=``
+    (BatchNorm, GroupNorm and InstanceNorm gained it after torch 2.11, LayerNorm in 2.1); on an older
+    torch the module is built affine and its bias parameter removed, which its forward passes on to
+    the functional as None: the same computation."""
+    if "bias" in inspect.signature(cls).parameters:
+        return cls(*args, bias=bool(case.bias), **kwargs)
+    module = cls(*args, **kwargs)
+    if not case.bias and getattr(module, "bias", None) is not None:
+        module.register_parameter("bias", None)
+    return module
+
+
 def layer_norm_module(
     case: Case, dtype: torch.dtype, device: torch.device, *, default_eps: bool = False
 ) -> nn.LayerNorm:
@@ -95,7 +112,9 @@ def batch_norm_module(
     cls = _BATCH_NORMS.get(len(case.shape))
     if cls is None:
         raise Unsupported(f"torch.nn has BatchNorm1d/2d/3d for 2-D to 5-D input; shape={case.shape}")
-    module = cls(
+    module = with_bias(
+        cls,
+        case,
         case.shape[1],
         **_eps(case, default_eps),
         momentum=case.momentum,
@@ -103,7 +122,6 @@ def batch_norm_module(
         track_running_stats=True,
         device=device,
         dtype=dtype,
-        bias=bool(case.bias),
     )
     return module.train(case.training)
 
@@ -112,12 +130,13 @@ def group_norm_module(
     case: Case, dtype: torch.dtype, device: torch.device, *, default_eps: bool = False
 ) -> nn.GroupNorm:
     """torch.nn.GroupNorm with the case's groups over its channels, every argument explicit."""
-    return nn.GroupNorm(
+    return with_bias(
+        nn.GroupNorm,
+        case,
         case.groups,
         case.shape[1],
         **_eps(case, default_eps),
         affine=case.weight or bool(case.bias),
-        bias=bool(case.bias),
         device=device,
         dtype=dtype,
     )
@@ -130,17 +149,18 @@ def instance_norm_module(
     cls = _INSTANCE_NORMS.get(len(case.shape))
     if cls is None:
         raise Unsupported(f"torch.nn has InstanceNorm1d/2d/3d for 3-D to 5-D input; shape={case.shape}")
-    module = cls(
+    module = with_bias(
+        cls,
+        case,
         case.shape[1],
         **_eps(case, default_eps),
         # Untranslated: the module passes 0.0 to F.instance_norm for None (its running statistics then
         # never move), where the reference takes the cumulative average; the suite reports it.
-        momentum=case.momentum,  # type: ignore[arg-type]
+        momentum=case.momentum,
         affine=case.weight or bool(case.bias),
         track_running_stats=bool(case.track_running_stats),
         device=device,
         dtype=dtype,
-        bias=bool(case.bias),
     )
     return module.train(case.training)
 

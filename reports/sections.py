@@ -3,11 +3,13 @@ coverage."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from conformance.model.case import FEATURES, OPS, Case, CaseError
 from conformance.model.dtypes import DTYPES
@@ -39,6 +41,7 @@ def environment(run: Run) -> Environment:
             ", ".join("?" if f.header.exitstatus is None else str(f.header.exitstatus) for f in run.files),
         ),
         ("machine", f"{env.machine} · {env.processor} · {env.cpu_count or '?'} CPUs"),
+        ("CPU features", " ".join(env.cpu_features) if env.cpu_features is not None else "not recorded"),
         ("platform", env.platform),
         ("python", env.python),
         ("git commit", h.git_commit or "unknown"),
@@ -183,12 +186,15 @@ class DeviationRow:
     xpassed: int
     measured: str
     op: str
+    explains: str = ""  # "model NAME", or the band and that no model exists yet
+    not_observed: bool = False  # could have applied to the run, needed by none of its results
 
 
 @dataclass(frozen=True)
 class Deviations:
     rows: tuple[DeviationRow, ...]
     notes: tuple[str, ...]
+    counts: str = ""  # how many entries explain by a model, by a band, and were not observed here
 
 
 def deviations(runs: Sequence[Run]) -> Deviations:
@@ -196,11 +202,13 @@ def deviations(runs: Sequence[Run]) -> Deviations:
     seen: dict[int, _Seen] = {}
     notes: list[str] = []
     entries: dict[int, LedgerEntry] = {}
+    unobserved: set[int] = set()
     for run in runs:
         header = run.header
         if header.ledger_note:
             notes.append(f"{run.label}: {header.ledger_note}")
         entries.update({e.index: e for e in header.ledger_entries or ()})
+        unobserved.update(header.ledger_unobserved or ())
         for record in run.records:
             if record.outcome not in ("xfailed", "xpassed"):
                 continue
@@ -211,8 +219,18 @@ def deviations(runs: Sequence[Run]) -> Deviations:
             for c in record.comparisons:
                 if c.ledger is not None:
                     seen.setdefault(c.ledger, _Seen()).ratios += _measured(c)
-    rows = [_deviation_row(i, entries.get(i), seen.get(i)) for i in sorted(set(entries) | set(seen))]
-    return Deviations(tuple(rows), tuple(dict.fromkeys(notes)))
+    unobserved -= set(seen)
+    rows = [
+        dataclasses.replace(_deviation_row(i, entries.get(i), seen.get(i)), not_observed=i in unobserved)
+        for i in sorted(set(entries) | set(seen))
+    ]
+    band_only = sum(1 for e in entries.values() if not e.model)
+    counts = (
+        f"{len(entries) - band_only} of {len(entries)} entries explain by an executable model, "
+        f"{band_only} by a band (no model yet); {len(unobserved)} could have applied to this run and were "
+        "not observed here."
+    )
+    return Deviations(tuple(rows), tuple(dict.fromkeys(notes)), counts if entries else "")
 
 
 def _measured(c: ComparisonRecord) -> list[float]:
@@ -242,9 +260,13 @@ def _deviation_row(index: int, entry: LedgerEntry | None, stats: _Seen | None) -
     if entry is None:
         op = ops[0] if len(ops) == 1 else ""
         return DeviationRow(index, (), "", "(entry not available)", "", xfailed, xpassed, measured, op)
-    match = tuple(
-        (k, ", ".join(v) if k != "case" else f"{len(v)} case pattern(s)") for k, v in entry.match.items()
-    ) + tuple((f"info.{k}", ", ".join(v)) for k, v in entry.info.items())
+    match = (
+        tuple(
+            (k, ", ".join(v) if k != "case" else f"{len(v)} case pattern(s)") for k, v in entry.match.items()
+        )
+        + tuple((f"info.{k}", ", ".join(v)) for k, v in entry.info.items())
+        + tuple((f"platform.{k}", _condition_text(v)) for k, v in entry.platform.items())
+    )
     entry_ops = entry.match.get("op", ())
     return DeviationRow(
         index,
@@ -257,7 +279,14 @@ def _deviation_row(index: int, entry: LedgerEntry | None, stats: _Seen | None) -
         xpassed,
         measured,
         entry_ops[0] if len(entry_ops) == 1 else "",
+        f"model {entry.model}" if entry.model else f"band {entry.band[1]:g} (no model yet)",
     )
+
+
+def _condition_text(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 @dataclass(frozen=True)

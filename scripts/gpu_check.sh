@@ -1,24 +1,37 @@
 #!/usr/bin/env bash
-# GPU check of the triton backend, for a CUDA machine: the conformance run over the ci profile with
-# the kernels compiled natively (LayerNorm, RMSNorm, add+RMSNorm, GroupNorm, InstanceNorm), then forward
-# and forward+backward timings (bf16, fp16; rows 4096x4096 and 4096x8192; GroupNorm with 32 groups and
-# InstanceNorm on 2x320x32x32 and 4x64x64x64; against torch-functional) with GB/s, then the ahead-of-time
-# figures of this GPU's architecture for the benchmark sweep's kernels (registers, spills, shared memory,
-# occupancy, 128-bit row accesses: python -m backends.triton_kernels.aot), so the static estimate and the
-# measured GB/s sit side by side. Everything lands in one folder.
+# GPU check for a CUDA machine, in one call: the conformance run of the GPU backends (triton,
+# triton-inplace, torch-functional, torch-nn, torch-compile) over the ci profile with the kernels
+# compiled natively, then forward and forward+backward timings (bf16, fp16; against torch-functional)
+# with GB/s, then the ahead-of-time figures of this GPU's architecture for the benchmark sweep's kernels
+# (python -m backends.triton_kernels.aot), so the static estimate and the measured GB/s sit side by side.
 #
-#   bash scripts/gpu_check.sh [OUT_DIR]          (default .normconf/gpu-check; the device tool: $OUT)
+#   bash scripts/gpu_check.sh [--quick] [OUT_DIR]     (default .normconf/gpu-check; the device tool: $OUT)
 #
-# Installs what it needs into .normconf/gpu-venv, a virtual environment that sees the machine's own CUDA
-# build of torch (and its Triton) and adds normconf without touching them; works offline when the
-# machine already has pytest, numpy and ml_dtypes. Budget: 9 minutes in all (each step has its own
-# timeout); the exit status is the conformance run's.
+# It runs with the interpreter it is given (PYTHON, default python3): on a GPU image that interpreter
+# is itself a virtual environment holding CUDA torch and Triton, and nothing can be downloaded, so
+# normconf is installed into it with --no-deps --no-index (from WHEELS=DIR too, for pure-Python
+# packages the image lacks; nothing is fetched). A package still missing stops the check with its name.
+# --quick: the smoke profile and one timing shape, within 5 minutes on one H200; the full check takes
+# up to 9 (each step has its own timeout). The exit status is the conformance run's.
+#
+# For testing the script's logic without a GPU: DEVICE=cpu expects the backends on the CPU, BACKENDS
+# overrides the backend list, TIMINGS=0 and AOT=0 leave those steps out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then QUICK=1; shift; fi
 OUT_DIR=${1:-${OUT:-.normconf/gpu-check}}
 PYTHON=${PYTHON:-python3}
-VENV=${VENV:-.normconf/gpu-venv}
 WORKERS=${WORKERS:-8}
+DEVICE=${DEVICE:-cuda}
+BACKENDS=${BACKENDS:-triton,triton-inplace,torch-functional,torch-nn,torch-compile}
+TIMINGS=${TIMINGS:-1}
+AOT=${AOT:-1}
+if [ "$QUICK" = 1 ]; then
+    PROFILE=smoke SHAPES=4096x8192 GROUP_SHAPES=2x320x32x32 RUN_TIMEOUT=180 TIMING_TIMEOUT=60
+else
+    PROFILE=ci SHAPES=4096x4096,4096x8192 GROUP_SHAPES=2x320x32x32,4x64x64x64 RUN_TIMEOUT=300 TIMING_TIMEOUT=150
+fi
 mkdir -p "$OUT_DIR"
 LOG="$OUT_DIR/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
@@ -28,54 +41,70 @@ unset TRITON_INTERPRET  # native kernels: the interpreter would hide every compi
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 
 step "machine"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv \
-    | tee "$OUT_DIR/gpu.csv" || { echo "no NVIDIA GPU here: nothing to check"; exit 2; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,compute_cap \
+    --format=csv | tee "$OUT_DIR/gpu.csv" || { echo "no NVIDIA GPU here (nvidia-smi failed): nothing to check"; exit 2; }
 git rev-parse HEAD 2>/dev/null | tee "$OUT_DIR/commit.txt"
+"$PYTHON" --version || { echo "PYTHON=$PYTHON is not an interpreter"; exit 3; }
 
-step "install"
-if [ ! -x "$VENV/bin/python" ]; then
-    "$PYTHON" -m venv --system-site-packages "$VENV" || exit 3
+step "install (into $PYTHON, no downloads)"
+here=$(pwd)
+where=$("$PYTHON" -c 'import conformance, os; print(os.path.dirname(os.path.dirname(conformance.__file__)))' 2>/dev/null)
+if [ "$where" = "$here" ]; then
+    echo "normconf is already importable from this checkout"
+else
+    links=()
+    if [ -n "${WHEELS:-}" ]; then links=(--find-links "$WHEELS"); fi
+    # --no-deps: the image's CUDA torch and Triton stay as they are; --no-index: nothing is downloaded.
+    timeout 120 "$PYTHON" -m pip install --quiet --no-deps --no-index --no-build-isolation "${links[@]}" -e . \
+        || { echo "could not install normconf into $PYTHON"; exit 3; }
 fi
-missing=$("$VENV/bin/python" - <<'PY'
+missing=$("$PYTHON" - <<'PY'
 import importlib.util
-need = {"torch": "torch", "triton": "triton>=3.2", "numpy": "numpy>=1.26", "ml_dtypes": "ml_dtypes>=0.4",
-        "pytest": "pytest>=8", "xdist": "pytest-xdist>=3.5"}
-print(" ".join(spec for module, spec in need.items() if importlib.util.find_spec(module) is None))
+need = ("torch", "triton", "numpy", "ml_dtypes", "pytest", "xdist", "hypothesis", "jinja2", "packaging")
+print(" ".join(module for module in need if importlib.util.find_spec(module) is None))
 PY
 )
 if [ -n "$missing" ]; then
-    echo "installing: $missing"
-    timeout 240 "$VENV/bin/python" -m pip install --quiet $missing || { echo "could not install $missing"; exit 3; }
+    if [ -n "${WHEELS:-}" ]; then
+        timeout 120 "$PYTHON" -m pip install --quiet --no-index --find-links "$WHEELS" $missing
+    fi
+    missing=$("$PYTHON" -c "import importlib.util as u; print(' '.join(m for m in '$missing'.split() if u.find_spec(m) is None))")
+    [ -z "$missing" ] || { echo "missing on $PYTHON, and not downloadable here: $missing (bring wheels: WHEELS=DIR)"; exit 3; }
 fi
-# normconf itself, without dependencies, so the machine's CUDA torch and Triton stay as they are.
-timeout 120 "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e . || exit 3
-"$VENV/bin/python" -m pip list 2>/dev/null | grep -i -E '^(torch|triton|numpy|ml.dtypes|pytest) ' \
+"$PYTHON" -m pip list 2>/dev/null | grep -i -E '^(torch|triton|numpy|ml.dtypes|pytest|normconf) ' \
     | tee "$OUT_DIR/packages.txt"
-"$VENV/bin/python" -m pytest conformance --list-backends -p no:cacheprovider | tee "$OUT_DIR/backends.txt"
-grep -A3 '^triton' "$OUT_DIR/backends.txt" | grep -q 'device cuda' \
-    || { echo "the triton backend is not running natively on the GPU"; exit 4; }
+"$PYTHON" -m pytest conformance --list-backends -p no:cacheprovider > "$OUT_DIR/backends.txt"
+for backend in ${BACKENDS//,/ }; do
+    grep -A3 -x -e "$backend" "$OUT_DIR/backends.txt" | grep -q "device $DEVICE" \
+        || { echo "backend $backend is not running on $DEVICE:"; grep -A3 -x -e "$backend" "$OUT_DIR/backends.txt"; exit 4; }
+done
+echo "backends on $DEVICE: $BACKENDS"
 
-step "conformance: triton, ci profile, native"
-timeout 300 "$VENV/bin/python" -m pytest conformance --backend triton --profile ci -n "$WORKERS" \
-    -p no:cacheprovider -q --results "$OUT_DIR/conformance.jsonl" | tail -n 15
+step "conformance: $BACKENDS, $PROFILE profile"
+timeout "$RUN_TIMEOUT" "$PYTHON" -m pytest conformance --backend "$BACKENDS" --profile "$PROFILE" -n "$WORKERS" \
+    -p no:cacheprovider -q --results "$OUT_DIR/conformance.jsonl" | tail -n 40
 status=${PIPESTATUS[0]}
 
-step "timings: forward, forward+backward"
-timeout 180 "$VENV/bin/python" scripts/triton_timings.py --out "$OUT_DIR" \
-    --shapes 4096x4096,4096x8192 --group-shapes 2x320x32x32,4x64x64x64 --groups 32 \
-    --dtypes bfloat16,float16 --backends triton,torch-functional
+if [ "$TIMINGS" = 1 ]; then
+    step "timings: forward, forward+backward"
+    timeout "$TIMING_TIMEOUT" "$PYTHON" scripts/triton_timings.py --out "$OUT_DIR" \
+        --shapes "$SHAPES" --group-shapes "$GROUP_SHAPES" --groups 32 \
+        --dtypes bfloat16,float16 --backends triton,torch-functional
+fi
 
-step "ahead-of-time figures for this GPU's architecture (benchmark sweep kernels)"
-# compute_cap "9.0" -> sm_90; the sweep's shapes launch the same kernel specializations as the timings'.
-cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
-case "$cap" in
-    80|90|100)
-        timeout 120 "$VENV/bin/python" -m backends.triton_kernels.aot --targets "sm_$cap" --sources sweep \
-            --jobs "$WORKERS" --json "$OUT_DIR/aot.json" | tee "$OUT_DIR/aot.md"
-        echo "ahead-of-time check exit status ${PIPESTATUS[0]} (1: a specialization failed a check, see above)";;
-    *)
-        echo "compute capability $cap has no ahead-of-time target (sm_80, sm_90, sm_100): figures skipped";;
-esac
+if [ "$AOT" = 1 ] && [ "$QUICK" = 0 ]; then
+    step "ahead-of-time figures for this GPU's architecture (benchmark sweep kernels)"
+    # compute_cap "9.0" -> sm_90; the sweep's shapes launch the same kernel specializations as the timings'.
+    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
+    case "$cap" in
+        80|90|100)
+            timeout 120 "$PYTHON" -m backends.triton_kernels.aot --targets "sm_$cap" --sources sweep \
+                --jobs "$WORKERS" --json "$OUT_DIR/aot.json" | tee "$OUT_DIR/aot.md"
+            echo "ahead-of-time check exit status ${PIPESTATUS[0]} (1: a specialization failed a check, see above)";;
+        *)
+            echo "compute capability $cap has no ahead-of-time target (sm_80, sm_90, sm_100): figures skipped";;
+    esac
+fi
 
 step "done: conformance exit status $status; files in $OUT_DIR"
 ls -l "$OUT_DIR"

@@ -483,3 +483,27 @@ def test_buffers_are_the_tensors_computed_with(name: str) -> None:
     assert {"x", "weight", "bias", "dy", "y", "dx", "dweight", "dbias"} <= set(buffers)
     assert np.array_equal(common.to_numpy(buffers["dx"]), out["dx"])
     assert np.array_equal(common.to_numpy(buffers["x"]), inputs["x"])
+
+
+class _GroupNormWithoutBiasArgument(torch.nn.GroupNorm):
+    """nn.GroupNorm as torch releases before the ``bias=`` argument build it (torch 2.11 and older)."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None):
+        super().__init__(num_groups, num_channels, eps, affine, device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_modules_without_a_bias_argument_compute_the_same(bias):
+    """torch-nn passes ``bias=`` only where the installed torch's module takes it; elsewhere the bias
+    parameter is removed, which gives the same module (the H200 image's torch 2.11 has no ``bias=``)."""
+    from backends.torch_nn import with_bias
+
+    case = Case("group_norm", (2, 6, 5), "float32", 1e-5, bias=bias, num_groups=3)
+    new = with_bias(torch.nn.GroupNorm, case, 3, 6, eps=1e-5, affine=True)
+    old = with_bias(_GroupNormWithoutBiasArgument, case, 3, 6, eps=1e-5, affine=True)
+    assert (old.bias is None) == (new.bias is None) == (not bias)
+    x = torch.randn(2, 6, 5)
+    with torch.no_grad():
+        old.weight.copy_(torch.linspace(0.5, 1.5, 6))
+        new.weight.copy_(old.weight)
+    assert torch.equal(old(x), new(x))

@@ -33,10 +33,11 @@ def _judge(backend, case, check, comparisons, ctx: CheckContext):
     return judge(backend, case, check, comparisons, ctx.ledger, ctx.reproduce)
 
 
-def context(tmp_path, table, body: str = "") -> CheckContext:
+def context(tmp_path, table, body: str = "", strict: bool = False) -> CheckContext:
     path = tmp_path / "ledger.toml"
     path.write_text(body)
-    return CheckContext(table, load_ledger(path), timeout=10, reproduce="pytest x")
+    ledger = load_ledger(path, builtin=False, strict=strict)
+    return CheckContext(table, ledger, timeout=10, reproduce="pytest x")
 
 
 def entry(output: str = "y", band: str = "[1, 2]", reason: str = "accumulates in float16") -> str:
@@ -66,7 +67,7 @@ def test_covered_failure_within_band_is_xfailed(tmp_path, table):
     comparisons = (ratio_of(table, "y", 1.5),)
     verdict = _judge("fake-a", CASE, "forward", comparisons, context(tmp_path, table, entry()))
     assert verdict.outcome == "xfailed"
-    assert verdict.reason == "y: accumulates in float16 (ledger deviation[0])"
+    assert verdict.reason == "y: accumulates in float16 (within band 2, no model yet; ledger deviation[0])"
     assert verdict.comparisons == comparisons
 
 
@@ -93,18 +94,25 @@ def test_covered_failure_beyond_band_is_failed_and_names_the_band(tmp_path, tabl
     assert f"fake-a {CASE.id} [forward]" in verdict.reason
 
 
-def test_covered_output_that_passes_is_xpassed(tmp_path, table):
+def test_covered_output_that_passes_is_passed_and_xpassed_only_where_strict_and_listed(tmp_path, table):
     comparisons = (ratio_of(table, "y", 0.5),)
-    verdict = _judge("fake-a", CASE, "forward", comparisons, context(tmp_path, table, entry()))
+    listed = entry() + f'case = "{CASE.id}"\n'
+    assert (
+        _judge("fake-a", CASE, "forward", comparisons, context(tmp_path, table, listed)).outcome == "passed"
+    )
+    predicate = context(tmp_path, table, entry(), strict=True)
+    assert _judge("fake-a", CASE, "forward", comparisons, predicate).outcome == "passed"
+    verdict = _judge("fake-a", CASE, "forward", comparisons, context(tmp_path, table, listed, strict=True))
     assert verdict.outcome == "xpassed"
     assert "ledger deviation[0] expects output 'y' to fail (accumulates in float16)" in verdict.reason
     assert "remove or narrow the entry (strict xfail)" in verdict.reason
     assert "reproduce: pytest x" in verdict.reason
 
 
-def test_stale_entry_wins_over_other_failures(tmp_path, table):
+def test_stale_entry_wins_over_other_failures_in_strict_mode(tmp_path, table):
     comparisons = (ratio_of(table, "y", 0.5), ratio_of(table, "dx", 5.0))
-    verdict = _judge("fake-a", CASE, "forward", comparisons, context(tmp_path, table, entry()))
+    ctx = context(tmp_path, table, entry() + f'case = "{CASE.id}"\n', strict=True)
+    verdict = _judge("fake-a", CASE, "forward", comparisons, ctx)
     assert verdict.outcome == "xpassed"
 
 
@@ -144,8 +152,8 @@ def test_every_failure_covered_within_its_band_is_xfailed(tmp_path, table):
     verdict = _judge("fake-a", CASE, "forward", comparisons, context(tmp_path, table, body))
     assert verdict.outcome == "xfailed"
     assert (
-        verdict.reason
-        == "y: accumulates in float16 (ledger deviation[0]); dx: dx reason (ledger deviation[1])"
+        verdict.reason == "y: accumulates in float16 (within band 2, no model yet; ledger deviation[0]); "
+        "dx: dx reason (within band 3, no model yet; ledger deviation[1])"
     )
 
 
@@ -158,13 +166,14 @@ def test_shape_problem_is_reported_as_such(tmp_path, table):
 
 
 def test_an_info_conditioned_entry_judges_only_results_that_recorded_that_choice(tmp_path, table):
-    ctx = context(tmp_path, table, entry() + 'info = { precision = ["bf16"] }\n')
+    listed = f'info = {{ precision = ["bf16"] }}\ncase = "{CASE.id}"\n'
+    ctx = context(tmp_path, table, entry() + listed, strict=True)
     failing, passing = (ratio_of(table, "y", 1.5),), (ratio_of(table, "y", 0.5),)
     lowered, kept = {"precision": "bf16"}, {"precision": "f32"}
     assert judge("fake-a", CASE, "forward", failing, ctx.ledger, "", lowered).outcome == "xfailed"
     # The same deviation where the backend recorded another choice is an ordinary failure...
     assert judge("fake-a", CASE, "forward", failing, ctx.ledger, "", kept).outcome == "failed"
     assert judge("fake-a", CASE, "forward", failing, ctx.ledger, "").outcome == "failed"
-    # ...and strictness holds where the entry applies: a pass is xpassed there, passed elsewhere.
+    # ...and strict mode holds where the entry applies: a pass is xpassed there, passed elsewhere.
     assert judge("fake-a", CASE, "forward", passing, ctx.ledger, "", lowered).outcome == "xpassed"
     assert judge("fake-a", CASE, "forward", passing, ctx.ledger, "", kept).outcome == "passed"

@@ -9,12 +9,17 @@ import pytest
 from conformance.judging import ledger
 from conformance.judging.ledger import LedgerError
 from conformance.model.case import Case
-from conformance.running.settings import load_ledger
+from conformance.running.settings import load_ledger as _load_ledger
 
 LN = Case("layer_norm", (4, 8), "float32", 1e-5)
 RMS16 = Case("rms_norm", (4, 8), "float16", 1e-6, dist="offset")
 BN_TRAIN = Case("batch_norm", (4, 3), "float32", 1e-5, training=True)
 BN_EVAL = Case("batch_norm", (4, 3), "float32", 1e-5)
+
+
+def load_ledger(path=None, **options):
+    """Only the given file's entries (the built-in ones are added unless left out)."""
+    return _load_ledger(path, builtin=path is None, **options)
 
 
 def write(tmp_path, body: str):
@@ -29,11 +34,16 @@ ENTRY = '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nban
 def test_builtin_ledger_loads():
     table = load_ledger()
     assert table.path == str(ledger.default_path())
-    assert table.sha256 == hashlib.sha256(ledger.default_path().read_bytes()).hexdigest()
+    files = ledger.builtin_files()
+    assert {f.name for f in files} >= {"torch.toml", "onnx.toml", "openvino.toml"}
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f"{f.name}:{hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
+    assert table.sha256 == digest.hexdigest()
+    assert [e.index for e in table.entries] == list(range(len(table.entries)))
     for entry in table.entries:
-        assert entry.reason.strip()
-        floor = 0.0 if entry.measure == "rounding" else 1.0
-        assert floor <= entry.band[0] <= entry.band[1]
+        assert entry.reason.strip() and entry.file.endswith(".toml")
+        assert entry.model or entry.band[1] >= entry.band[0] >= (0.0 if entry.measure == "rounding" else 1.0)
 
 
 def test_empty_file_is_an_empty_ledger(tmp_path):
@@ -133,7 +143,7 @@ def test_first_matching_entry_wins(tmp_path):
         (ENTRY + ENTRY.replace('backend = "fake-a"\n', ""), 1, "missing field 'backend'"),
         (ENTRY.replace('check = "forward"\n', ""), 0, "missing field 'check'"),
         (ENTRY.replace('output = "y"\n', ""), 0, "missing field 'output'"),
-        (ENTRY.replace("band = [1, 2]\n", ""), 0, "missing field 'band'"),
+        (ENTRY.replace("band = [1, 2]\n", ""), 0, "missing field 'model' (or 'band'"),
         (
             ENTRY.replace("[1, 2]", "[0.5, 2]"),
             0,
@@ -228,8 +238,14 @@ def test_a_rounding_entry_covers_a_bias_within_its_band(tmp_path):
     # Out of tolerance is another deviation than the one the entry describes.
     worse = judge("fake-a", LN, "forward", (_biased(-0.3, ratio=3.0),), table, "r")
     assert worse.outcome == "failed"
-    stale = judge("fake-a", LN, "forward", (_biased(-0.01),), table, "r")
-    assert stale.outcome == "xpassed"
+    # A pass is no failure: the entry was not observed here (another machine's kernels round otherwise).
+    assert judge("fake-a", LN, "forward", (_biased(-0.01),), table, "r").outcome == "passed"
+    # Strict mode (reference runs): an entry that lists the case claims it fails, so a pass is xpassed.
+    listed = load_ledger(write(tmp_path, ROUNDING + f'case = "{LN.id}"\n'), strict=True)
+    assert judge("fake-a", LN, "forward", (_biased(-0.01),), listed, "r").outcome == "xpassed"
+    # A predicate entry claims a cause, not a case: strict mode judges it by whether the run observed it.
+    strict = load_ledger(write(tmp_path, ROUNDING), strict=True)
+    assert judge("fake-a", LN, "forward", (_biased(-0.01),), strict, "r").outcome == "passed"
 
 
 def test_a_worst_ratio_entry_covers_its_comparison_whatever_the_bias(tmp_path):

@@ -96,7 +96,7 @@ def test_a_ledger_entry_turns_known_property_failures_into_xfailed(tmp_path):
         '[[deviation]]\nbackend = "fake-variance-about-zero"\ncheck = "shift_invariance"\noutput = "y"\n'
         'op = "layer_norm"\nband = [1.0, inf]\nreason = "variance about zero"\n'
     )
-    known = load_ledger(path)
+    known = load_ledger(path, builtin=False)
     backend = _backend("fake-variance-about-zero")
     result = check(backend, backend.capabilities(), PROPERTIES["shift_invariance"], CTX, 8, known)
     assert result.outcome == "xfailed"
@@ -137,7 +137,7 @@ def test_an_info_conditioned_entry_covers_only_examples_that_recorded_that_choic
         '[[deviation]]\nbackend = "fake-variance-about-zero"\ncheck = "shift_invariance"\noutput = "y"\n'
         'band = [1.0, inf]\nreason = "lowered"\ninfo = { precision = ["bf16"] }\n'
     )
-    known = load_ledger(path)
+    known = load_ledger(path, builtin=False)
     base = _backend("fake-variance-about-zero")
     prop = PROPERTIES["shift_invariance"]
     lowered = _Recorded(base, {"precision": "bf16"})
@@ -153,7 +153,7 @@ def test_an_unknown_property_name_in_the_ledger_is_an_error(tmp_path):
         '[[deviation]]\nbackend = "x"\ncheck = "shift_invariant"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
     )
     with pytest.raises(ledger.LedgerError, match="shift_invariant"):
-        load_ledger(path)
+        load_ledger(path, builtin=False)
 
 
 def test_budgets_are_fixed_per_profile():

@@ -110,17 +110,25 @@ def test_schema_1_failed_reason_cites_the_entry_whose_band_was_exceeded(tmp_path
     assert result.summary == f"output '{outputs[0]}' out of tolerance"
 
 
-def test_schema_1_built_in_ledger_is_found_where_it_lives_now(tmp_path):
-    builtin = ROOT / "conformance" / "judging" / "ledger.toml"
-    sha = hashlib.sha256(builtin.read_bytes()).hexdigest()
-    old_place = {"path": "/elsewhere/site-packages/conformance/ledger.toml", "sha256": sha}
-    header = records.load(_schema_1_file(tmp_path, [_first_result()], ledger=old_place)).header
+def test_schema_1_ledger_is_read_where_the_header_names_it_unchanged(tmp_path):
+    file = tmp_path / "ledger.toml"
+    file.write_text(
+        '[[deviation]]\nbackend = "b"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
+    )
+    sha = hashlib.sha256(file.read_bytes()).hexdigest()
+    header = records.load(
+        _schema_1_file(tmp_path, [_first_result()], ledger={"path": str(file), "sha256": sha})
+    ).header
     assert header.ledger_note == "" and header.ledger_entries
-    assert header.ledger_entries[0].index == 0 and header.ledger_entries[0].reason
-    # A different file at that place is not taken for the built-in one.
-    changed = {**old_place, "sha256": "0" * 64}
+    assert header.ledger_entries[0].index == 0 and header.ledger_entries[0].reason == "r"
+    # A different file at that place is not taken for the run's.
+    changed = {"path": str(file), "sha256": "0" * 64}
     header = records.load(_schema_1_file(tmp_path, [_first_result()], ledger=changed)).header
     assert header.ledger_entries is None and "changed since the run" in header.ledger_note
+    # The built-in single file of schema 1 suites is gone: its entries show as the results cite them.
+    old_builtin = {"path": "/elsewhere/site-packages/conformance/ledger.toml", "sha256": sha}
+    header = records.load(_schema_1_file(tmp_path, [_first_result()], ledger=old_builtin)).header
+    assert header.ledger_entries is None and "is not readable here" in header.ledger_note
 
 
 def test_schema_1_reproduce_commands_name_the_plugin_where_it_lives_now(tmp_path):

@@ -1,4 +1,4 @@
-"""The five ``normconf`` commands: each a parser builder and a function returning the exit status."""
+"""The ``normconf`` commands: each a parser builder and a function returning the exit status."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conformance.cli import launch, options
+from conformance.cli import judge, launch, options
 from conformance.results import diff, render
 from conformance.running import shard, summary
 from conformance.running.settings import MAX_TIMEOUTS
@@ -62,7 +62,23 @@ def build_run(sub: Sub, name: str) -> argparse.ArgumentParser:
         help=f"after this many hung cases a backend's remaining tests are errors at once ({MAX_TIMEOUTS})",
     )
     p.add_argument("--tolerances", metavar="FILE", help="tolerance file (default: the built-in matrix)")
-    p.add_argument("--ledger", metavar="FILE", help="known-deviations ledger (default: the built-in one)")
+    p.add_argument(
+        "--ledger",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a known-deviations file (or folder of them) added to the built-in entries; repeatable",
+    )
+    p.add_argument(
+        "--no-builtin-ledger",
+        action="store_true",
+        help="use only the --ledger files, not the built-in entries",
+    )
+    p.add_argument(
+        "--strict-ledger",
+        action="store_true",
+        help="reference runs: a ledger entry not observed here, or a listed case that passes, fails the run",
+    )
     p.add_argument(
         "-p",
         dest="plugin",
@@ -118,9 +134,15 @@ def _check_workers(workers: str) -> None:
 def _pytest_args(args: argparse.Namespace, results: Path) -> list[str]:
     command = [str(launch.SUITE), "--backend", args.backend, "--results", str(results), "-q"]
     command += ["--profile", args.profile] if not args.cases else ["--cases", args.cases]
-    for option in ("op", "dtype", "shard", "tolerances", "ledger"):
+    for option in ("op", "dtype", "shard", "tolerances"):
         if getattr(args, option):
             command += [f"--{option}", getattr(args, option)]
+    command += [arg for file in args.ledger for arg in ("--ledger", file)]
+    command += [
+        flag
+        for flag in ("--no-builtin-ledger", "--strict-ledger")
+        if getattr(args, flag[2:].replace("-", "_"))
+    ]
     command += ["--call-timeout", str(args.call_timeout), "--max-timeouts", str(args.max_timeouts)]
     command += [arg for module in args.plugin for arg in ("-p", module)]
     return command + (["-n", args.workers] if args.workers != "0" else [])
@@ -310,6 +332,8 @@ def compare(args: argparse.Namespace) -> int:
         raise options.UsageError(
             f"{args.base} and {args.new} share no backend x case x check; nothing to compare"
         )
+    print(f"base: {diff.platform(base.header)}")
+    print(f"new:  {diff.platform(new.header)}")
     print(
         f"normconf compare: {d.common} results in common, {d.only_base} only in {args.base}, "
         f"{d.only_new} only in {args.new}; {d.still_failing} still failing"
@@ -367,6 +391,7 @@ COMMANDS: dict[str, tuple[Builder, Callable[[argparse.Namespace], int]]] = {
     "report": (build_report, report),
     "conventions": (build_conventions, conventions),
     "compare": (build_compare, compare),
+    "judge": (judge.build_judge, judge.judge),
     "backends": (build_backends, backends),
     "cases": (build_cases, cases),
 }

@@ -1,4 +1,4 @@
-"""The ``normconf`` command line: run, report, compare, backends, cases.
+"""The ``normconf`` command line: run, report, conventions, compare, judge, backends, cases.
 
 Exit status: 0 success (and, for ``run``, every check passed; for ``compare``, no regression);
 1 a check failed, errored or went stale, or ``compare`` found a regression; 2 a usage error (bad

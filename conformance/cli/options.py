@@ -15,7 +15,8 @@ from conformance.running import settings, shard
 
 EXIT_CODES = """exit status:
   0  success (run: every check passed or is a known deviation; compare: no regression)
-  1  run: a check failed, errored or a ledger entry went stale; compare: a regression
+  1  run: a check failed or errored (with --strict-ledger also: a ledger entry not observed or a listed
+     case that passed); compare: a regression
   2  usage error: bad option, missing or corrupt file, other schema version, unknown name"""
 
 
@@ -49,6 +50,27 @@ def load_benches(paths: Sequence[str]) -> list[benchjson.BenchFile]:
         raise UsageError(str(exc)) from exc
 
 
+def ledger_options(p: argparse.ArgumentParser) -> None:
+    """--ledger (repeatable), --no-builtin-ledger and --strict-ledger, as the pytest plugin has them."""
+    p.add_argument(
+        "--ledger",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a known-deviations file (or folder of them) added to the built-in entries; repeatable",
+    )
+    p.add_argument(
+        "--no-builtin-ledger",
+        action="store_true",
+        help="use only the --ledger files, not the built-in entries",
+    )
+    p.add_argument(
+        "--strict-ledger",
+        action="store_true",
+        help="reference runs: a ledger entry not observed here, or a listed case that passes, fails the run",
+    )
+
+
 def selection(args: argparse.Namespace, backend: str = "all") -> settings.Settings:
     """Validate backend/op/dtype/profile/cases options the way the pytest plugin does."""
     try:
@@ -62,6 +84,7 @@ def selection(args: argparse.Namespace, backend: str = "all") -> settings.Settin
             timeout=getattr(args, "call_timeout", 300.0),
             tolerances_path=getattr(args, "tolerances", None),
             ledger_path=getattr(args, "ledger", None),
+            builtin_ledger=not getattr(args, "no_builtin_ledger", False),
             max_timeouts=getattr(args, "max_timeouts", settings.MAX_TIMEOUTS),
         )
     except settings.SettingsError as exc:

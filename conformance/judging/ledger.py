@@ -1,44 +1,59 @@
-"""Known deviations: a backend's measured disagreement with the oracle, with reason, link and band.
+"""Known deviations: where a backend is understood to disagree with the oracle, why, and a model of
+what it computes instead.
 
-Entries are strict: a matched output that passes makes the check ``xpassed`` (reported as a
-failure), and a worst_ratio above the entry's band is an ordinary failure, so entries cannot
-hide regressions or outlive the deviation they describe. An entry may also name a metamorphic
-property as its check (conformance/properties/catalog.py): it then covers the failing examples it matches,
-within its band, and is not strict, since a property's examples are drawn rather than listed.
+An entry names where it applies by predicates (backends, check, output, op, dtype, dist, training,
+case features, the platform: device, CPU features, library versions; the backend's recorded info) and
+explains by a ``model`` (conformance.judging.models): an output outside the oracle's tolerance but within
+the same tolerance of the model's answer is xfailed and explained. Entries whose cause has no model
+yet keep a ``band`` of worst_ratio (or, with ``measure = "rounding"``, of a half-precision output's
+rounding bias in ulps) and say so in a ``note``; the report counts them. Legacy entries may still list
+exact case ids (``case`` globs).
 
-An entry's band measures worst_ratio, or with ``measure = "rounding"`` the rounding statistic of a
-half-precision output whose every element is within tolerance (the larger of |bias| and |drift| in
-ulps, conformance.judging.rounding). A worst_ratio entry covers its comparisons whatever their
-rounding bias (an error beyond tolerance is the larger symptom); a rounding entry covers only
-comparisons within tolerance.
+The built-in entries are one file per backend family in ``conformance/judging/deviations/``; each file
+states its reasons once in a ``[reasons]`` table that entries cite by key. ``--ledger FILE`` adds a
+file to them (a third party's adapter brings its own); replacing them takes an explicit flag.
 
-An entry may also require what the backend recorded for the case (``Prepared.info()``): ``info = {
-norm_precision = ["bf16"] }`` applies only where the result's info holds one of those values (compared
-as text). A runtime that picks its precision from the hardware deviates on one machine and not on
-another; the condition names the choice that causes the deviation, so the entry stays strict on both.
-A property example carries the info of its calls too; a check that recorded no info never matches
-such an entry.
+An entry that no result of a run needed is *not observed here*, which is no failure: a deviation of
+another machine's kernels. Strict mode (``--strict-ledger``, the project's reference runs) fails such
+entries, and a listed case id whose output passes (``xpassed``).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import math
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.judging import tomlfile
+from conformance.judging import models, platform, tomlfile
+from conformance.judging.platform import Condition, Platform
 from conformance.judging.tolerances import OUTPUTS
-from conformance.model.case import DISTS, OPS, Case
+from conformance.model.case import DISTS, FEATURES, OPS, Case
 from conformance.model.dtypes import DTYPES
+from conformance.model.profiles import PROFILES
 from conformance.results.records import ComparisonRecord, jsonable
 
-_MATCH_KEYS: tuple[str, ...] = ("backend", "check", "output", "op", "dtype", "dist", "case")
-_FIELDS = set(_MATCH_KEYS) | {"band", "reason", "link", "training", "measure", "info"}
+_MATCH_KEYS: tuple[str, ...] = ("backend", "check", "output", "op", "dtype", "dist", "features", "case")
+_FIELDS = set(_MATCH_KEYS) | {
+    "band",
+    "reason",
+    "link",
+    "training",
+    "measure",
+    "info",
+    "model",
+    "note",
+    "platform",
+    "profiles",
+}
+_FILE_KEYS = {"deviation", "reasons"}
 MEASURES: tuple[str, ...] = ("worst_ratio", "rounding")
+# The checks whose outputs a model can recompute (a property's examples are drawn, not stored).
+MODEL_CHECKS: tuple[str, ...] = ("forward", "backward", "training")
 
 
 class LedgerError(ValueError):
@@ -47,7 +62,7 @@ class LedgerError(ValueError):
 
 @dataclass(frozen=True)
 class Deviation:
-    """One ledger entry. Match keys hold allowed values; ``case`` holds id glob patterns."""
+    """One ledger entry. Match keys hold allowed values (``features``: all required; ``case``: id globs)."""
 
     index: int
     match: dict[str, tuple[str, ...]]
@@ -58,9 +73,20 @@ class Deviation:
     measure: str = "worst_ratio"
     # (info key, allowed values as text): what the backend must have recorded for the entry to apply.
     info: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    model: str = ""
+    note: str = ""
+    condition: Condition = field(default_factory=Condition)
+    profiles: tuple[str, ...] = ()  # the profiles a strict run expects to observe it in (all when empty)
+    file: str = ""
+    reason_key: str = ""
+
+    @property
+    def lists_cases(self) -> bool:
+        """An entry of exact case ids claims those cases fail; a predicate entry claims only a cause."""
+        return "case" in self.match
 
     def covers(self, comparison: ComparisonRecord) -> bool:
-        """Whether this failing comparison is the deviation the entry describes, inside its band."""
+        """Whether this failing comparison is the deviation a band entry describes, inside its band."""
         if self.measure == "rounding":
             size = comparison.rounding.size if comparison.rounding is not None else math.inf
             return comparison.worst_ratio <= 1.0 and not comparison.problem and size <= self.band[1]
@@ -70,77 +96,201 @@ class Deviation:
         )
 
     def applies(
-        self, backend: str, case: Case, check: str, output: str, info: Mapping[str, object] | None = None
+        self,
+        backend: str,
+        case: Case,
+        check: str,
+        output: str,
+        info: Mapping[str, object] | None = None,
+        where: Platform | None = None,
     ) -> bool:
-        if self.info and (info is None or any(_text(info.get(k)) not in v for k, v in self.info)):
+        """Whether the entry speaks of this output. ``where`` (default: a CPU run of this machine)
+        judges the platform condition."""
+        if self.info and (info is None or not self.info_holds(info)):
             return False
-        values = {
-            "backend": backend,
-            "check": check,
-            "output": output,
-            "op": case.op,
-            "dtype": case.dtype,
-            "dist": case.dist,
-        }
+        if self.condition and not self.condition.holds(where or platform.here()):
+            return False
+        return (
+            self.matches_case(case, backend)
+            and check in self.match["check"]
+            and output in self.match["output"]
+        )
+
+    def info_holds(self, info: Mapping[str, object]) -> bool:
+        """Whether the backend's recorded info holds one of the allowed values of every info key."""
+        return all(_text(info.get(k)) in v for k, v in self.info)
+
+    def matches_case(self, case: Case, backend: str | None = None) -> bool:
+        """The case predicates (and the backend, when given) without check, output, info or platform."""
+        values = {"backend": backend, "op": case.op, "dtype": case.dtype, "dist": case.dist}
         for key, allowed in self.match.items():
             if key == "case":
                 if not any(fnmatch.fnmatchcase(case.id, pattern) for pattern in allowed):
                     return False
-            elif values[key] not in allowed:
+            elif key == "features":
+                if not set(allowed) <= case.features:
+                    return False
+            elif key in values and (key != "backend" or backend is not None) and values[key] not in allowed:
                 return False
         return self.training is None or self.training == case.training
 
     def to_dict(self) -> dict[str, Any]:
-        record = {
+        record: dict[str, Any] = {
             "index": self.index,
             "match": {k: list(v) for k, v in self.match.items()},
             "band": [jsonable(b) for b in self.band],  # an open band is [1, inf]
             "reason": self.reason,
             "link": self.link,
         }
-        if self.measure != "worst_ratio":
-            record["measure"] = self.measure
+        optional = {
+            "measure": self.measure if self.measure != "worst_ratio" else "",
+            "model": self.model,
+            "note": self.note,
+            "file": self.file,
+            "reason_key": self.reason_key,
+        }
+        record.update({k: v for k, v in optional.items() if v})
         if self.info:
             record["info"] = {k: list(v) for k, v in self.info}
+        if self.condition:
+            record["platform"] = self.condition.to_dict()
+        if self.profiles:
+            record["profiles"] = list(self.profiles)
         return {**record, "training": self.training} if self.training is not None else record
 
 
 @dataclass(frozen=True)
 class Ledger:
+    """Every entry of the files read, numbered across them in order; ``strict`` is the reference mode."""
+
     path: str
     sha256: str
     entries: tuple[Deviation, ...]
+    strict: bool = False
+    files: tuple[str, ...] = ()
+    builtin: bool = True  # whether the built-in entries are among them
 
     def find(
-        self, backend: str, case: Case, check: str, output: str, info: Mapping[str, object] | None = None
+        self,
+        backend: str,
+        case: Case,
+        check: str,
+        output: str,
+        info: Mapping[str, object] | None = None,
+        where: Platform | None = None,
     ) -> Deviation | None:
-        return next((d for d in self.entries if d.applies(backend, case, check, output, info)), None)
+        return next(iter(self.applicable(backend, case, check, output, info, where)), None)
+
+    def applicable(
+        self,
+        backend: str,
+        case: Case,
+        check: str,
+        output: str,
+        info: Mapping[str, object] | None = None,
+        where: Platform | None = None,
+    ) -> tuple[Deviation, ...]:
+        """Every entry that speaks of this output, in file order: any of them may explain it."""
+        return tuple(d for d in self.entries if d.applies(backend, case, check, output, info, where))
+
+    @property
+    def band_only(self) -> tuple[Deviation, ...]:
+        """Entries whose cause has no executable model yet."""
+        return tuple(d for d in self.entries if not d.model)
+
+
+def builtin_dir() -> Path:
+    return tomlfile.builtin("deviations")
+
+
+def builtin_files() -> tuple[Path, ...]:
+    return tuple(sorted(builtin_dir().glob("*.toml")))
 
 
 def default_path() -> Path:
-    return tomlfile.builtin("ledger.toml")
+    """Where the built-in entries live (a folder of one file per backend family)."""
+    return builtin_dir()
 
 
-def load(path: str | Path | None, checks: Collection[str]) -> Ledger:
-    """Read and validate a ledger (the built-in one when ``path`` is None). ``checks`` are the names an
-    entry's ``check`` may take (the running layer's checks and the properties): a typo must not
-    silently match nothing."""
-    file = Path(path) if path is not None else default_path()
-    data, sha256 = tomlfile.read(file, "ledger", LedgerError)
+def load(
+    path: str | Path | Sequence[str | Path] | None,
+    checks: Collection[str],
+    *,
+    builtin: bool = True,
+    strict: bool = False,
+) -> Ledger:
+    """Read and validate the built-in entries (unless ``builtin`` is False) followed by the files in
+    ``path`` (one or several; a folder reads its ``*.toml``). ``checks`` are the names an entry's
+    ``check`` may take (the running layer's checks and the properties): a typo must not silently
+    match nothing."""
+    extra = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
+    files = [*(builtin_files() if builtin else ()), *(_expand(Path(p)) for p in extra)]
+    flat = [f for group in files for f in ([group] if isinstance(group, Path) else group)]
+    entries: list[Deviation] = []
+    digest = hashlib.sha256()
+    for file in flat:
+        data, sha256 = tomlfile.read(file, "ledger", LedgerError)
+        digest.update(f"{file.name}:{sha256}\n".encode())
+        entries += _file_entries(file, data, checks, len(entries))
+    where = "; ".join(str(p) for p in ([builtin_dir()] if builtin else []) + [Path(p) for p in extra])
+    return Ledger(where, digest.hexdigest(), tuple(entries), strict, tuple(map(str, flat)), builtin)
+
+
+def _expand(path: Path) -> Path | list[Path]:
+    return sorted(path.glob("*.toml")) if path.is_dir() else path
+
+
+def _file_entries(file: Path, data: dict[str, Any], checks: Collection[str], start: int) -> list[Deviation]:
+    unknown = sorted(set(data) - _FILE_KEYS)
+    if unknown:
+        raise LedgerError(f"{file}: unknown table(s) {unknown}; allowed: [[deviation]], [reasons.KEY]")
     entries = data.get("deviation", [])
     if not isinstance(entries, list):
         raise LedgerError(f"{file}: expected [[deviation]] tables")
-    return Ledger(str(file), sha256, tuple(_entry(file, i, e, checks) for i, e in enumerate(entries)))
+    reasons = _reasons(file, data.get("reasons", {}))
+    used = set()
+    parsed = []
+    for i, entry in enumerate(entries):
+        deviation = _entry(file, start + i, i, entry, checks, reasons)
+        used.add(deviation.reason_key)
+        parsed.append(deviation)
+    unused = sorted(set(reasons) - used)
+    if unused:
+        raise LedgerError(f"{file}: reasons {unused} are cited by no entry; remove them or cite them")
+    return parsed
 
 
-def _entry(file: Path, index: int, entry: Any, checks: Collection[str]) -> Deviation:
-    where = f"{file}: deviation[{index}]"
+def _reasons(file: Path, raw: Any) -> dict[str, tuple[str, str]]:
+    """key -> (text, link) of a file's ``[reasons.KEY]`` tables."""
+    if not isinstance(raw, dict):
+        raise LedgerError(f"{file}: reasons={raw!r} is not allowed; allowed: [reasons.KEY] tables")
+    found = {}
+    for key, table in raw.items():
+        if (
+            not isinstance(table, dict)
+            or not str(table.get("text", "")).strip()
+            or set(table) - {"text", "link"}
+        ):
+            raise LedgerError(f"{file}: reasons.{key} is not allowed; allowed: a table with text (and link)")
+        found[str(key)] = (str(table["text"]), str(table.get("link", "")))
+    return found
+
+
+def _entry(
+    file: Path,
+    index: int,
+    local: int,
+    entry: Any,
+    checks: Collection[str],
+    reasons: Mapping[str, tuple[str, str]],
+) -> Deviation:
+    where = f"{file}: deviation[{local}]"
     if not isinstance(entry, dict):
         raise LedgerError(f"{where}: expected a table")
     unknown = sorted(set(entry) - _FIELDS)
     if unknown:
         raise LedgerError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(_FIELDS)}")
-    for required in ("backend", "check", "output", "band", "reason"):
+    for required in ("backend", "check", "output", "reason"):
         if required not in entry:
             raise LedgerError(f"{where}: missing field {required!r}")
     match = {k: _strings(where, k, entry[k]) for k in _MATCH_KEYS if k in entry}
@@ -150,18 +300,65 @@ def _entry(file: Path, index: int, entry: Any, checks: Collection[str]) -> Devia
             raise LedgerError(
                 f"{where}: {key}={unknown_values} is not allowed; allowed: {', '.join(allowed)}"
             )
-    if not str(entry["reason"]).strip():
+    key = str(entry["reason"])
+    if not key.strip():
         raise LedgerError(f"{where}: reason='' is not allowed; allowed: an explanation of the deviation")
+    reason, link = reasons.get(key, (key, ""))
+    link = str(entry.get("link", link))
     training = entry.get("training")
     if training is not None and not isinstance(training, bool):
         raise LedgerError(f"{where}: training={training!r} is not allowed; allowed: true, false")
     measure = entry.get("measure", "worst_ratio")
     if measure not in MEASURES:
         raise LedgerError(f"{where}: measure={measure!r} is not allowed; allowed: {', '.join(MEASURES)}")
-    band = _band(where, entry["band"], 0.0 if measure == "rounding" else 1.0)
+    model, band = _explanation(where, entry, match, measure)
     info = _info(where, entry.get("info", {}))
-    reason, link = str(entry["reason"]), str(entry.get("link", ""))
-    return Deviation(index, match, training, band, reason, link, measure, info)
+    condition = platform.parse(where, entry.get("platform", {}), LedgerError)
+    profiles = _strings(where, "profiles", entry["profiles"]) if "profiles" in entry else ()
+    bad = sorted(set(profiles) - set(PROFILES))
+    if bad:
+        raise LedgerError(f"{where}: profiles={bad} is not allowed; allowed: {', '.join(PROFILES)}")
+    return Deviation(
+        index,
+        match,
+        training,
+        band,
+        reason,
+        link,
+        measure,
+        info,
+        model,
+        str(entry.get("note", "")),
+        condition,
+        profiles,
+        str(file),
+        key if key in reasons else "",
+    )
+
+
+def _explanation(
+    where: str, entry: dict[str, Any], match: Mapping[str, tuple[str, ...]], measure: str
+) -> tuple[str, tuple[float, float]]:
+    """(model, band): an entry explains by a model or, without one, by a band."""
+    if "model" in entry and ("band" in entry or measure != "worst_ratio"):
+        raise LedgerError(
+            f"{where}: model with band or measure is not allowed; allowed: a model, or a band (and measure)"
+        )
+    if "model" not in entry:
+        if "band" not in entry:
+            raise LedgerError(f"{where}: missing field 'model' (or 'band' where the cause has no model yet)")
+        return "", _band(where, entry["band"], 0.0 if measure == "rounding" else 1.0)
+    name = str(entry["model"])
+    try:
+        models.resolve(name)
+    except models.ModelError as exc:
+        raise LedgerError(f"{where}: {exc}") from exc
+    odd = sorted(set(match["check"]) - set(MODEL_CHECKS))
+    if odd:
+        raise LedgerError(
+            f"{where}: check={odd} is not allowed with a model; allowed: {', '.join(MODEL_CHECKS)}"
+        )
+    return name, (1.0, math.inf)
 
 
 def _info(where: str, value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -176,7 +373,14 @@ def _text(value: object) -> str:
 
 
 def _known(checks: Collection[str]) -> dict[str, tuple[str, ...]]:
-    return {"check": tuple(checks), "output": OUTPUTS, "op": OPS, "dtype": DTYPES, "dist": DISTS}
+    return {
+        "check": tuple(checks),
+        "output": OUTPUTS,
+        "op": OPS,
+        "dtype": DTYPES,
+        "dist": DISTS,
+        "features": FEATURES,
+    }
 
 
 def _strings(where: str, key: str, value: Any) -> tuple[str, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from conformance.judging.ledger import Deviation
@@ -54,7 +56,9 @@ def failure(
     else:
         head = f"output {c.output!r} rounds with a bias: within tolerance, but its errors lean one way\n"
         head += _figures(c)
-    if entry is not None:
+    if entry is not None and entry.model:
+        head += _unexplained(entry, c)
+    elif entry is not None:
         if entry.measure == "rounding":
             size = c.rounding.size if c.rounding is not None else float("nan")
             head += (
@@ -69,6 +73,24 @@ def failure(
                 f"measured {c.worst_ratio:.4g}: the deviation grew beyond its recorded band\n"
             )
     return header(backend, case, check) + head + f"  reproduce: {reproduce}"
+
+
+def _unexplained(entry: Deviation, c: ComparisonRecord) -> str:
+    """Why a model entry's model did not explain the output."""
+    x = c.explained
+    if x is None:
+        found = "the model was not evaluated (no outputs to judge)"
+    elif not math.isfinite(x.model_ratio) and not math.isfinite(x.worst_ratio):
+        found = f"the model does not produce {c.output!r}"
+    else:
+        found = (
+            f"against the model's answer the output is at worst_ratio {x.worst_ratio:.4g} (the model "
+            f"itself at {x.model_ratio:.4g} from the oracle)"
+        )
+    return (
+        f"  ledger deviation[{entry.index}] names model {entry.model}, which does not explain this output: "
+        f"{found}\n"
+    )
 
 
 def stale(backend: str, case: Case, check: str, c: ComparisonRecord, entry: Deviation, reproduce: str) -> str:

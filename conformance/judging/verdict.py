@@ -1,24 +1,28 @@
 """From comparisons to a verdict: each output against the oracle, then the ledger of known deviations.
 
-``compare_outputs`` is shared by the checks, the failure shrinker and replay; ``judge`` applies the
-ledger: covered failures inside their band are xfailed, a covered output that passes is xpassed.
+``compare_outputs`` is shared by the checks, the failure shrinker, replay and re-judging; ``judge``
+applies the ledger: a failure its entry's model reproduces (or, without a model, its band holds) is
+xfailed and explained; a listed output that passes is xpassed only in strict mode.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from conformance.judging import messages
+from conformance.judging import messages, models
 from conformance.judging.allowance import factors
 from conformance.judging.compare import compare
-from conformance.judging.ledger import Ledger
+from conformance.judging.ledger import Deviation, Ledger
+from conformance.judging.platform import Platform
 from conformance.judging.tolerances import ToleranceTable
 from conformance.model.case import Case
 from conformance.model.outputs import output_dtype
-from conformance.results.records import ComparisonRecord
+from conformance.results.records import ComparisonRecord, Explanation
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class Verdict:
     info: Mapping[str, object] = field(default_factory=dict)
     bundle: str = ""
     hung: str = ""
+    outputs: str = ""  # a failed or xfailed check's compared outputs, encoded for re-judging
 
 
 def compare_outputs(
@@ -62,6 +67,17 @@ def compare_outputs(
     )
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What a model needs to explain an output: the case's inputs, the oracle's outputs, the backend's,
+    and the tolerance table that judged them."""
+
+    inputs: Mapping[str, np.ndarray]
+    expected: Mapping[str, np.ndarray]
+    actual: Mapping[str, np.ndarray]
+    tolerances: ToleranceTable
+
+
 def judge(
     backend: str,
     case: Case,
@@ -70,27 +86,107 @@ def judge(
     ledger: Ledger,
     reproduce: str,
     info: Mapping[str, object] | None = None,
+    where: Platform | None = None,
+    evidence: Evidence | None = None,
 ) -> Verdict:
-    """Apply the ledger: covered failures inside their band are xfailed; a covered pass is xpassed.
-    ``info`` is what the backend recorded for the case (entries may require it)."""
-    entries = {c.output: e for c in comparisons if (e := ledger.find(backend, case, check, c.output, info))}
-    stale = [c for c in comparisons if c.passed and c.output in entries]
-    if stale:
+    """Apply the ledger: a failing output that its entry explains (the entry's model reproduces it
+    within the same tolerance, or a band entry's band holds it) is xfailed; any other failure fails.
+    ``info`` is what the backend recorded for the case and ``where`` the platform it ran on (entries
+    may require either). In strict mode an output that passes although its entry lists the case is
+    xpassed."""
+    found = {c.output: ledger.applicable(backend, case, check, c.output, info, where) for c in comparisons}
+    listed = [c for c in comparisons if c.passed and any(e.lists_cases for e in found[c.output])]
+    if ledger.strict and listed:
         # The entry the message names: the first output that passed although an entry expects it to fail.
-        first = stale[0]
-        text = messages.stale(backend, case, check, first, entries[first.output], reproduce)
-        return Verdict("xpassed", text, comparisons, {first.output: entries[first.output].index})
-    failing = [c for c in comparisons if not c.passed]
-    if not failing:
+        first = listed[0]
+        entry = next(e for e in found[first.output] if e.lists_cases)
+        text = messages.stale(backend, case, check, first, entry, reproduce)
+        return Verdict("xpassed", text, comparisons, {first.output: entry.index})
+    if all(c.passed for c in comparisons):
         return Verdict("passed", "", comparisons)
+    models = _Models(case, evidence)
+    judged: list[ComparisonRecord] = []
+    entries: dict[str, Deviation] = {}
+    for c in comparisons:
+        if c.passed or not found[c.output]:
+            judged.append(c)
+            continue
+        # The first entry that explains the output, else the first that applies (named in the failure).
+        tries = [(e, models.explain(c, e)) for e in found[c.output]]
+        entry, tried = next(((e, t) for e, t in tries if _explained(t, e)), tries[0])
+        judged.append(tried)
+        entries[c.output] = entry
+    failing = [c for c in judged if not c.passed]
     cited = {c.output: entries[c.output].index for c in failing if c.output in entries}
-    if all(c.output in entries and entries[c.output].covers(c) for c in failing):
-        reasons = "; ".join(
-            f"{c.output}: {entries[c.output].reason} (ledger deviation[{entries[c.output].index}])"
-            for c in failing
-        )
-        return Verdict("xfailed", reasons, comparisons, cited)
+    if all(_explained(c, entries.get(c.output)) for c in failing):
+        reasons = "; ".join(_because(c, entries[c.output]) for c in failing)
+        return Verdict("xfailed", reasons, tuple(judged), cited)
     text = "\n\n".join(
         messages.failure(backend, case, check, c, entries.get(c.output), reproduce) for c in failing
     )
-    return Verdict("failed", text, comparisons, cited)
+    return Verdict("failed", text, tuple(judged), cited)
+
+
+def _explained(c: ComparisonRecord, entry: Deviation | None) -> bool:
+    if entry is None:
+        return False
+    if entry.model:
+        return c.explained is not None and c.explained.passed
+    return entry.covers(c)
+
+
+def _because(c: ComparisonRecord, entry: Deviation) -> str:
+    how = (
+        f"model {entry.model} reproduces it (worst_ratio {c.explained.worst_ratio:.3g} against the model)"
+        if c.explained is not None
+        else f"within band {entry.band[1]:g}, no model yet"
+    )
+    return f"{c.output}: {entry.reason} ({how}; ledger deviation[{entry.index}])"
+
+
+def _at_worst(model: str, c: ComparisonRecord, answer: np.ndarray) -> Explanation:
+    """The model judged at the comparison's recorded worst element alone, under its recorded allowance
+    (a re-judged result whose outputs were not stored): the one element the record holds."""
+    if not c.worst_index or (not c.rounding_passed and c.worst_ratio <= 1.0):
+        # A rounding-bias failure is a property of the whole output: one element cannot show it.
+        return Explanation(model, math.inf, math.nan, False, point=True)
+    m = float(np.asarray(answer)[c.worst_index])
+    tol = c.tolerance
+
+    def ratio(a: float, e: float) -> float:
+        allowed = tol.atol_effective + tol.rtol * abs(e)
+        return abs(a - e) / allowed if allowed > 0 else (0.0 if a == e else math.inf)
+
+    against = ratio(c.actual_at_worst, m)
+    return Explanation(model, against, ratio(m, c.expected_at_worst), against <= 1.0, point=True)
+
+
+class _Models:
+    """Each model a judgement needs, evaluated once, and its answer compared like the oracle's."""
+
+    def __init__(self, case: Case, evidence: Evidence | None) -> None:
+        self.case = case
+        self.evidence = evidence
+        self.answers: dict[str, Mapping[str, np.ndarray]] = {}
+
+    def explain(self, c: ComparisonRecord, entry: Deviation) -> ComparisonRecord:
+        """``c`` with the entry's model judged against it (unchanged for a band entry)."""
+        ev = self.evidence
+        if not entry.model or ev is None or c.problem:
+            return c
+        if entry.model not in self.answers:
+            self.answers[entry.model] = models.resolve(entry.model)(self.case, ev.inputs)
+        answer = self.answers[entry.model]
+        if c.output not in answer:
+            return dataclasses.replace(c, explained=Explanation(entry.model, math.inf, math.nan, False))
+        name, case = c.output, self.case
+        if name not in ev.actual:
+            return dataclasses.replace(c, explained=_at_worst(entry.model, c, answer[name]))
+        dtype = output_dtype(case, name)
+        tol = ev.tolerances.lookup(case.op, name, dtype, case.dist)
+        scale = factors(case, name, ev.inputs, ev.expected)
+        against = compare(name, ev.actual[name], answer[name], tol, dtype, scale)
+        model = compare(name, answer[name], ev.expected[name], tol, dtype, scale)
+        return dataclasses.replace(
+            c, explained=Explanation(entry.model, against.worst_ratio, model.worst_ratio, against.passed)
+        )

@@ -15,6 +15,7 @@ from typing import Any
 
 from conformance.adapter.backend import Backend, Capabilities, Unsupported
 from conformance.adapter.execute import AdapterError
+from conformance.judging import platform
 from conformance.judging.ledger import Deviation, Ledger
 from conformance.properties.catalog import EPSILONS, Example, Property, PropertyContext, Violation
 from conformance.results.records import PropertyRecord
@@ -127,6 +128,7 @@ def _result(
         {
             **({"first_non_bitwise": tally.differing} if prop.relation and tally.differing else {}),
             **({"examples_not_run_out_of_time": tally.out_of_time} if tally.out_of_time else {}),
+            **({"ledger": sorted({entry.index for entry, _ in tally.known})} if tally.known else {}),
         },
     )
 
@@ -170,7 +172,10 @@ def _search(
         if not outcome.passed:
             tally.bitwise = False
             case, output = example.case(), outcome.output
-            entry = ledger.find(backend.name, case, prop.name, output, outcome.info) if ledger else None
+            where = platform.here(caps.device)
+            entry = (
+                ledger.find(backend.name, case, prop.name, output, outcome.info, where) if ledger else None
+            )
             if entry is None or outcome.worst_ratio > entry.band[1]:
                 tally.failing = True  # shrinking must replay examples whatever the clock says
                 raise Violation(example, outcome)

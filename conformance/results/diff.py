@@ -8,11 +8,12 @@ Results join on (backend, case id, check) and comparisons also on the output; be
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from conformance.results.benchjson import Benchmark
-from conformance.results.records import Result
+from conformance.results.records import Header, Result
 from conformance.results.runs import BAD_OUTCOMES, GOOD_OUTCOMES
 
 Key = tuple[str, str, str]
@@ -80,6 +81,9 @@ class Diff:
     slower: tuple[Speed, ...] = ()
     faster: tuple[Speed, ...] = ()
     benchmarks_compared: int = 0
+    # Passing outcomes that changed kind: xfailed -> passed (the deviation not seen here), passed ->
+    # xfailed, and xfailed results that a model explains now and did not before. None is a regression.
+    known: tuple[Change, ...] = ()
 
     @property
     def regression(self) -> bool:
@@ -89,6 +93,45 @@ class Diff:
 def _change(before: Result | None, after: Result) -> Change:
     outcome = before.outcome if before is not None else "absent"
     return Change(after.backend, after.case_id, after.check, outcome, after.outcome, after.summary)
+
+
+def known(base: Mapping[Key, Result], new: Mapping[Key, Result]) -> list[Change]:
+    """Changes among passing outcomes: a known deviation no longer seen, newly seen, or newly explained
+    by a model (the change's ``after`` then reads ``xfailed (model NAME)``)."""
+    found = []
+    for k, after in sorted(new.items()):
+        before = base.get(k)
+        if before is None or before.outcome not in GOOD_OUTCOMES or after.outcome not in GOOD_OUTCOMES:
+            continue
+        then, now = _models(before), _models(after)
+        if before.outcome != after.outcome or now != then:
+            change = _change(before, after)
+            label = f"{after.outcome} (model {', '.join(now)})" if now else after.outcome
+            found.append(Change(change.backend, change.case_id, change.check, before.outcome, label, ""))
+    return found
+
+
+def _models(result: Result) -> tuple[str, ...]:
+    return tuple(
+        sorted({c.explained.model for c in result.comparisons if c.explained and c.explained.passed})
+    )
+
+
+def platform(header: Header) -> str:
+    """Where a run ran, in one line: CPU and its features, the backends' devices, library versions."""
+    env = header.environment
+    features = " ".join(env.cpu_features) if env.cpu_features is not None else "not recorded"
+    devices: dict[str, list[str]] = {}
+    for name, info in sorted(header.backends.items()):
+        if info.unavailable is None:
+            devices.setdefault(f"{info.device} ({info.device_name or 'unnamed'})", []).append(name)
+    where = "; ".join(f"{', '.join(names)} on {device}" for device, names in devices.items())
+    versions = ", ".join(f"{n} {v}" for n, v in sorted(env.packages.items()) if v and n in _PLATFORM_PACKAGES)
+    return f"{env.machine} {env.processor}, CPU features: {features}; {where}; {versions}"
+
+
+# The library versions a platform line names (the ones kernels and rounding depend on).
+_PLATFORM_PACKAGES = frozenset({"torch", "triton", "onnxruntime", "jax", "openvino", "numpy"})
 
 
 def outcomes(
@@ -168,6 +211,7 @@ def diff(
         slower=tuple(slower),
         faster=tuple(faster),
         benchmarks_compared=len((base_bench or {}).keys() & (new_bench or {}).keys()),
+        known=tuple(known(base, new)),
     )
 
 
@@ -190,6 +234,13 @@ def text(d: Diff, thresholds: Thresholds, limit: int = 50) -> list[str]:
         [f"{c.backend} {c.case_id} [{c.check}] {c.before} -> {c.after}: {c.reason}" for c in d.new_failures],
     )
     section("fixed", [f"{c.backend} {c.case_id} [{c.check}] {c.before} -> {c.after}" for c in d.fixed])
+    if d.known:
+        moves = Counter((c.before, c.after) for c in d.known)
+        section(
+            "known deviations changed (no regression)",
+            [f"{before} -> {after}: {n}" for (before, after), n in sorted(moves.items())]
+            + [f"{c.backend} {c.case_id} [{c.check}] {c.before} -> {c.after}" for c in d.known],
+        )
     section(
         f"error growth beyond {thresholds.growth:g}x (worst_ratio >= {thresholds.min_ratio:g})",
         [

@@ -20,10 +20,6 @@ from conformance.results.text import summary_of
 Raw = dict[str, Any]
 # Schema 1 headers did not list the checks; these are the ones (in order) every schema 1 suite ran.
 SCHEMA_1_CHECKS: tuple[str, ...] = ("forward", "backward", "training", "inputs_unchanged", "determinism")
-# Where a schema 1 run's built-in ledger lived, and where the same file lives now: a file recorded at
-# the old place is found at the new one (the sha256 must still match).
-_OLD_BUILTIN_LEDGER = ("conformance", "ledger.toml")
-_BUILTIN_LEDGER = Path(__file__).resolve().parents[1] / "judging" / "ledger.toml"
 # Module paths a schema 1 reproduce command may name, and their places now.
 _MOVED_PLUGINS = {"-p conformance.progress": "-p conformance.cli.progress"}
 _RULE = re.compile(r"\brule\[(\d+)\]")
@@ -54,14 +50,13 @@ def _header(file: Path, raw: Raw) -> Raw:
 
 
 def _ledger_bytes(path: Path) -> bytes | None:
-    """The ledger file a header names, or the built-in one where the header names its old place."""
-    for candidate in (path, _BUILTIN_LEDGER if path.parts[-2:] == _OLD_BUILTIN_LEDGER else None):
-        if candidate is not None:
-            try:
-                return candidate.read_bytes()
-            except OSError:
-                continue
-    return None
+    """The ledger file a header names, where it is still readable. (The built-in single file of
+    schema 1 runs is now one file per backend family: such a run's entries show as its results cite
+    them.)"""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def _ledger_entries(ledger: Mapping[str, Any]) -> tuple[list[Raw] | None, str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import datetime
+import gzip
 import json
 import math
 import os
@@ -26,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from conformance.results import legacy
+from conformance.results import legacy, machine
 from conformance.results.text import summary_of
 
 SCHEMA_VERSION = 2
@@ -44,6 +45,12 @@ PACKAGES: tuple[str, ...] = (
     "onnx",
     "onnxruntime",
     "jax",
+    "jaxlib",
+    "flax",
+    "keras",
+    "onnxscript",
+    "openvino",
+    "transformers",
 )
 
 
@@ -171,6 +178,40 @@ class RoundingRecord:
 
 
 @dataclass(frozen=True)
+class Explanation:
+    """A known deviation's model judged against one output: the backend's output against the model's
+    answer (``worst_ratio``, under the same tolerance rule as against the oracle) and the model's
+    answer against the oracle (``model_ratio``: how far the convention itself moves the output)."""
+
+    model: str
+    worst_ratio: float
+    model_ratio: float
+    passed: bool
+    # True where only the recorded worst element could be judged (a re-judged result without outputs).
+    point: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "worst_ratio": jsonable(self.worst_ratio),
+            "model_ratio": jsonable(self.model_ratio),
+            "passed": self.passed,
+            **({"point": True} if self.point else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: object) -> Explanation | None:
+        if not isinstance(raw, Mapping):
+            return None
+        return cls(
+            _str(raw, "model"),
+            figure(raw.get("worst_ratio")),
+            figure(raw.get("model_ratio")),
+            raw.get("passed") is True,
+        )
+
+
+@dataclass(frozen=True)
 class ComparisonRecord:
     """One output of one check against the oracle: every figure, the rule, and the ledger entry (its
     index) that covered this output, if any."""
@@ -196,6 +237,8 @@ class ComparisonRecord:
     # The share of elements that differ from the correctly rounded oracle (NaN: not recorded).
     mismatch_fraction: float = math.nan
     rounding: RoundingRecord | None = None
+    # Where a ledger entry's model explained this output: the actual against the model's answer.
+    explained: Explanation | None = None
 
     @property
     def passed(self) -> bool:
@@ -226,6 +269,7 @@ class ComparisonRecord:
             "tolerance": self.tolerance.to_dict(),
             "problem": self.problem,
             "ledger": self.ledger,
+            **({"explained": self.explained.to_dict()} if self.explained is not None else {}),
         }
 
     @classmethod
@@ -254,6 +298,7 @@ class ComparisonRecord:
             RoundingRecord.from_dict(rounding)
             if isinstance(rounding := raw.get("rounding"), Mapping)
             else None,
+            Explanation.from_dict(raw.get("explained")),
         )
 
 
@@ -531,6 +576,11 @@ class LedgerEntry:
     measure: str = "worst_ratio"  # or "rounding": the band is in ulps of rounding bias
     # What the backend must have recorded in extra.info for the entry to apply (key -> allowed values).
     info: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    model: str = ""  # the executable model that explains it; "" for a band entry
+    note: str = ""
+    # The platform condition (device, cpu, not_cpu, versions) as recorded.
+    platform: Mapping[str, Any] = field(default_factory=dict)
+    file: str = ""
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LedgerEntry:
@@ -546,7 +596,15 @@ class LedgerEntry:
             training if isinstance(training, bool) else None,
             _str(raw, "measure", "worst_ratio"),
             _table(raw.get("info")),
+            _str(raw, "model"),
+            _str(raw, "note"),
+            dict(where) if isinstance(where := raw.get("platform"), Mapping) else {},
+            _str(raw, "file"),
         )
+
+
+def _indices(raw: Any) -> tuple[int, ...] | None:
+    return tuple(i for i in raw if _index(i) is not None) if isinstance(raw, list) else None
 
 
 def _table(raw: Any) -> dict[str, tuple[str, ...]]:
@@ -599,12 +657,16 @@ class EnvironmentInfo:
     python: str = ""
     packages: Mapping[str, str | None] = field(default_factory=dict)
     git_commit: str | None = None
+    # The CPU's vector features that libraries dispatch on (conformance.results.machine); None where
+    # the file predates them.
+    cpu_features: tuple[str, ...] | None = None
 
     @classmethod
     def from_dict(cls, raw: object) -> EnvironmentInfo:
         if not isinstance(raw, Mapping):
             return cls()
         packages = raw.get("packages") or {}
+        features = raw.get("cpu_features")
         return cls(
             _str(raw, "machine"),
             _str(raw, "platform"),
@@ -615,6 +677,7 @@ class EnvironmentInfo:
             if isinstance(packages, Mapping)
             else {},
             str(raw["git_commit"]) if raw.get("git_commit") else None,
+            tuple(map(str, features)) if isinstance(features, list) else None,
         )
 
 
@@ -640,6 +703,9 @@ class Header:
     shard: tuple[int, int] | None
     checks: tuple[str, ...] = ()
     ledger_note: str = ""
+    # Entry indices the run observed as could-have-applied-but-unneeded ("not observed here"), None where
+    # the file predates the record.
+    ledger_unobserved: tuple[int, ...] | None = None
 
     @property
     def git_commit(self) -> str | None:
@@ -675,6 +741,7 @@ class Header:
             part,
             tuple(map(str, raw.get("checks") or [])),
             _str(raw, "ledger_note"),
+            _indices(ledger.get("not_observed") if isinstance(ledger, Mapping) else None),
         )
 
 
@@ -721,6 +788,7 @@ def environment(cwd: Path) -> dict[str, Any]:
         "processor": platform.processor() or _cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
+        "cpu_features": list(machine.cpu_features()),
         "packages": package_versions(),
         "git_commit": git_commit(cwd),
     }
@@ -761,11 +829,17 @@ def write_atomic(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
         raise
 
 
+def text(file: Path) -> str:
+    """A results file's text; a gzip-compressed one (``.jsonl.gz``) is decompressed."""
+    raw = file.read_bytes()
+    return (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode()
+
+
 def _read(file: Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]:
     """(header, every other record with its line in the file) in this schema's form."""
     try:
-        lines = file.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+        lines = text(file).splitlines()
+    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile) as exc:
         raise SchemaError(f"{file}: cannot read results: {exc}") from exc
     try:
         numbered = [(i + 1, json.loads(line)) for i, line in enumerate(lines) if line.strip()]

@@ -22,13 +22,14 @@ from conformance.adapter import memory
 from conformance.adapter.backend import Backend, Capabilities, Outputs, Unsupported
 from conformance.adapter.execute import AdapterError, CallTimeout, Execution, run_backend
 from conformance.failures import bundle, shrink
-from conformance.judging import messages
+from conformance.judging import messages, platform
 from conformance.judging.ledger import Ledger
 from conformance.judging.tolerances import ToleranceTable
-from conformance.judging.verdict import Verdict, compare_outputs, judge
+from conformance.judging.verdict import Evidence, Verdict, compare_outputs, judge
 from conformance.model.case import Case
 from conformance.model.inputs import for_call, make_inputs
 from conformance.model.outputs import forward_outputs, grad_outputs, output_shape, produced, training_outputs
+from conformance.results import stored
 from conformance.results.records import Result
 
 
@@ -69,8 +70,16 @@ def _compared(
     inputs, expected = materials(case)
     actual = execution.outputs[0]
     comparisons = compare_outputs(case, inputs, expected, actual, spec.outputs(case), ctx.tolerances)
-    verdict = judge(backend.name, case, spec.name, comparisons, ctx.ledger, ctx.reproduce, execution.info)
+    evidence = Evidence(inputs, expected, actual, ctx.tolerances)
+    where = platform.here(caps.device)
+    verdict = judge(
+        backend.name, case, spec.name, comparisons, ctx.ledger, ctx.reproduce, execution.info, where, evidence
+    )
     verdict = dataclasses.replace(verdict, warnings=execution.warnings, info=execution.info)
+    if verdict.outcome in ("failed", "xfailed"):
+        # What re-judging (normconf judge) compares again under later tolerances and ledgers.
+        stored_outputs = stored.encode(actual, spec.outputs(case))
+        verdict = dataclasses.replace(verdict, outputs=stored_outputs or "")
     if ctx.save_failures is not None and verdict.outcome in ("failed", "xfailed"):
         verdict = _saved(backend, case, spec.name, spec.grad, ctx, actual, verdict)
     return verdict
@@ -223,6 +232,8 @@ def _extra(verdict: Verdict) -> dict[str, object]:
         extra["bundle"] = verdict.bundle
     if verdict.hung:
         extra["hung"] = verdict.hung
+    if verdict.outputs:
+        extra["outputs"] = verdict.outputs
     return extra
 
 

@@ -25,7 +25,7 @@ from conformance.results.records import (
     header,
     write_atomic,
 )
-from conformance.running import checks, outcomes, shard, summary
+from conformance.running import checks, observed, outcomes, shard, summary
 from conformance.running.nodeid import NODE_ID
 from conformance.running.settings import MAX_TIMEOUTS, Settings, SettingsError, build
 
@@ -60,7 +60,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"after this many hung cases a backend's remaining tests are errors at once ({MAX_TIMEOUTS})",
     )
     group.addoption("--tolerances", default=None, help="tolerance file (default: the built-in matrix)")
-    group.addoption("--ledger", default=None, help="known-deviations ledger (default: the built-in one)")
+    group.addoption(
+        "--ledger",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a known-deviations file (or folder of them) added to the built-in entries; repeatable",
+    )
+    group.addoption(
+        "--no-builtin-ledger",
+        action="store_true",
+        help="use only the --ledger files: the built-in known deviations are left out",
+    )
+    group.addoption(
+        "--strict-ledger",
+        action="store_true",
+        help="reference runs: a ledger entry not observed here, or a listed case that passes, fails the run",
+    )
     group.addoption("--list-backends", action="store_true", help="list backends with origin and capabilities")
     group.addoption(
         "--shard", default=None, help="run only part K of N (e.g. 2/4): whole cases, dealt round-robin by id"
@@ -88,6 +104,8 @@ def _settings(config: pytest.Config) -> Settings:
         ledger_path=config.getoption("--ledger"),
         save_failures=config.getoption("--save-failures"),
         max_timeouts=config.getoption("--max-timeouts"),
+        builtin_ledger=not config.getoption("--no-builtin-ledger"),
+        strict_ledger=config.getoption("--strict-ledger"),
     )
 
 
@@ -166,6 +184,7 @@ class RunState:
         self.hangs: dict[str, dict[str, str]] = {}
         self.records: list[dict[str, Any]] = []
         self.writer = not hasattr(config, "workerinput")
+        self.observation: observed.Observation | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not self.writer:
@@ -182,6 +201,9 @@ class RunState:
         if not self.writer or not self.records:
             return
         records = sorted(self.records, key=_order)
+        self.observation = self._observe()
+        if self.settings.ledger.strict and self.observation.unobserved and exitstatus == 0:
+            exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
         write_atomic(self.settings.results, [self._header(int(exitstatus)), *records])
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -191,7 +213,21 @@ class RunState:
         typed = [r for r in map(from_dict, self.records) if r is not None]
         for line in summary.report(typed):
             terminalreporter.write_line(line)
+        if self.observation is not None:
+            for line in observed.lines(self.settings.ledger, self.observation):
+                terminalreporter.write_line(line)
         terminalreporter.write_line(f"results: {self.settings.results}")
+
+    def _observe(self) -> observed.Observation:
+        """Which ledger entries this run's results needed, and which could have applied but did not."""
+        s = self.settings
+        typed = [r for r in map(from_dict, self.records) if r is not None]
+        devices = {
+            name: opened[1].device
+            for name in s.backends
+            if not isinstance(opened := self.backend(name), Absent)
+        }
+        return observed.observe(s.ledger, typed, devices, None if s.cases_file else s.profile)
 
     def _header(self, exitstatus: int) -> dict[str, Any]:
         s = self.settings
@@ -208,7 +244,10 @@ class RunState:
             ledger={
                 "path": s.ledger.path,
                 "sha256": s.ledger.sha256,
+                "files": list(s.ledger.files),
+                "strict": s.ledger.strict,
                 "entries": [entry.to_dict() for entry in s.ledger.entries],
+                **(self.observation.to_dict() if self.observation is not None else {}),
             },
             exitstatus=exitstatus,
             checks=list(checks.CHECK_NAMES),
@@ -257,7 +296,8 @@ class RunState:
         parts = ["pytest", nodeid, "--backend", backend]
         parts += ["--cases", s.cases_file] if s.cases_file else ["--profile", s.profile]
         parts += ["--tolerances", s.tolerances_option] if s.tolerances_option else []
-        parts += ["--ledger", s.ledger_option] if s.ledger_option else []
+        parts += [arg for file in s.ledger_option for arg in ("--ledger", file)]
+        parts += ["--no-builtin-ledger"] if not s.ledger.builtin else []
         parts += _plugin_args(self.config)
         return shlex.join(parts)
 

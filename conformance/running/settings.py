@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,9 +15,12 @@ from conformance.properties.catalog import PROPERTIES
 from conformance.running.checks import CHECK_NAMES
 
 
-def load_ledger(path: str | Path | None = None) -> ledger.Ledger:
-    """The ledger (the built-in one by default), its entries' ``check`` one of the checks or properties."""
-    return ledger.load(path, (*CHECK_NAMES, *PROPERTIES))
+def load_ledger(
+    path: str | Path | Sequence[str | Path] | None = None, *, builtin: bool = True, strict: bool = False
+) -> ledger.Ledger:
+    """The built-in entries (unless ``builtin`` is False) and those of ``path``, their ``check`` one of
+    the checks or properties."""
+    return ledger.load(path, (*CHECK_NAMES, *PROPERTIES), builtin=builtin, strict=strict)
 
 
 # --max-timeouts: after this many hung cases of one backend (in one process) its remaining tests are
@@ -40,7 +44,7 @@ class Settings:
     tolerances: tolerances.ToleranceTable
     ledger: ledger.Ledger
     tolerances_option: str | None
-    ledger_option: str | None
+    ledger_option: tuple[str, ...]
     save_failures: Path | None = None
     max_timeouts: int = MAX_TIMEOUTS
 
@@ -85,9 +89,11 @@ def build(
     results: Path,
     timeout: float,
     tolerances_path: str | None,
-    ledger_path: str | None,
+    ledger_path: str | Sequence[str] | None,
     save_failures: str | None = None,
     max_timeouts: int = MAX_TIMEOUTS,
+    builtin_ledger: bool = True,
+    strict_ledger: bool = False,
 ) -> Settings:
     """Validate every option up front so a bad value stops the run before any case runs."""
     try:
@@ -97,6 +103,12 @@ def build(
         if isinstance(max_timeouts, bool) or not isinstance(max_timeouts, int) or max_timeouts < 1:
             raise SettingsError(
                 f"--max-timeouts={max_timeouts!r} is not allowed; allowed: a whole number >= 1"
+            )
+        extra = (ledger_path,) if isinstance(ledger_path, str) else tuple(ledger_path or ())
+        if not builtin_ledger and not extra:
+            raise SettingsError(
+                "--no-builtin-ledger without --ledger FILE is not allowed; allowed: --no-builtin-ledger "
+                "with one or more --ledger files (the entries that replace the built-in ones)"
             )
         cases = _cases(profile, cases_file, _choices("--op", op, OPS), _choices("--dtype", dtype, DTYPES))
         return Settings(
@@ -108,9 +120,9 @@ def build(
             results=results,
             timeout=timeout,
             tolerances=tolerances.load(tolerances_path),
-            ledger=load_ledger(ledger_path),
+            ledger=load_ledger(extra, builtin=builtin_ledger, strict=strict_ledger),
             tolerances_option=tolerances_path,
-            ledger_option=ledger_path,
+            ledger_option=extra,
             save_failures=Path(save_failures) if save_failures else None,
             max_timeouts=max_timeouts,
         )

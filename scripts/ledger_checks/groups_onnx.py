@@ -1,5 +1,5 @@
 """Verify the GroupNorm/InstanceNorm ledger entries of onnxruntime and onnx-export
-(conformance/judging/ledger.toml).
+(conformance/judging/deviations/onnx.toml).
 
 For every failing forward case in the given results files, rerun the backend on the case's inputs and
 compare its y with the float64 oracle and with the oracle re-evaluated under each suspected cause:

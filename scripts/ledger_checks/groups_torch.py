@@ -28,11 +28,10 @@ from backends.torch_compile import TorchCompile
 from backends.torch_eager import TorchEager
 from backends.torch_nn import TorchFunctional, TorchNN
 from conformance import oracle
-from conformance.judging import rounding, tolerances
+from conformance.judging import models, rounding, tolerances
 from conformance.judging.verdict import compare_outputs
 from conformance.model.case import Case
 from conformance.model.dtypes import round_to
-from conformance.model.geometry import geometry
 from conformance.model.inputs import make_inputs
 
 TABLE = tolerances.load()
@@ -60,30 +59,8 @@ def ratios(case, inputs, expected, actual, names):
 
 
 def half_stats(case: Case, inputs) -> dict[str, np.ndarray]:
-    """The reference with each group's mean and rstd rounded to the activation dtype."""
-    geo = geometry(case)
-    f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
-    x = f64["x"].reshape(geo.shape)
-    mean = x.mean(axis=geo.group_axes, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=geo.group_axes, keepdims=True)
-    rstd = 1.0 / np.sqrt(var + case.eps)
-    m_h = round_to(mean, case.dtype).astype(np.float64)
-    r_h = round_to(rstd, case.dtype).astype(np.float64)
-    xhat = (x - m_h) * r_h
-    w = f64["weight"].reshape(geo.param_shape) if case.weight else 1.0
-    b = f64["bias"].reshape(geo.param_shape) if case.bias else 0.0
-    out = {"y": (xhat * w + b).reshape(case.shape)}
-    if "dy" in inputs:
-        dy = f64["dy"].reshape(geo.shape)
-        g = dy * w
-        mg = g.mean(axis=geo.group_axes, keepdims=True)
-        mgx = (g * xhat).mean(axis=geo.group_axes, keepdims=True)
-        out["dx"] = (r_h * (g - mg - xhat * mgx)).reshape(case.shape)
-        if case.weight:
-            out["dweight"] = (dy * xhat).sum(axis=geo.reduce_axes).reshape(-1)
-        if case.bias:
-            out["dbias"] = dy.sum(axis=geo.reduce_axes).reshape(-1)
-    return out
+    """The reference with each group's mean and rstd rounded to the activation dtype (the ledger's model)."""
+    return dict(models.half_statistics(case, inputs))
 
 
 def verify(record: dict) -> None:

@@ -1,5 +1,5 @@
 """Verify the add-op ledger entries of onnx-export and onnx-export-optimized
-(conformance/judging/ledger.toml).
+(conformance/judging/deviations/onnx.toml).
 
 For every failing or xfailed forward case of the add ops in the given results files, rerun the backend
 on the case's inputs and compare its y with the float64 oracle and with the oracle re-evaluated under

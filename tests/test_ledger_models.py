@@ -1,0 +1,193 @@
+"""Known deviations as executable models, platform conditions, added ledger files and strict mode:
+each run end to end against fakes that deviate in a known way (tests/normconf_ledger_fakes.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.judging import models, platform
+from conformance.judging.ledger import LedgerError
+from conformance.judging.platform import Platform
+from conformance.results import machine
+from conformance.running.settings import load_ledger
+
+ARGS = ("-p", "normconf_ledger_fakes", "--dtype", "float64", "--op", "batch_norm,layer_norm")
+CHECKS = ("-k", "test_forward or test_backward")
+
+
+def entry(backends: str, model: str = 'model = "eps_float32"', extra: str = "") -> str:
+    return (
+        f'[[deviation]]\nbackend = [{backends}]\ncheck = ["forward", "backward"]\n'
+        f'output = ["y", "dx", "dweight"]\ndtype = "float64"\n{model}\n{extra}reason = "eps-float32"\n\n'
+        '[reasons.eps-float32]\ntext = "eps is rounded to float32 before use"\n'
+    )
+
+
+def ledger_file(tmp_path, body: str) -> str:
+    path = tmp_path / "mine.toml"
+    path.write_text(body)
+    return str(path)
+
+
+def test_without_an_entry_the_deviation_fails(suite):
+    run = suite("--backend", "fake-eps-float32", *ARGS, *CHECKS)
+    assert run.returncode == 1
+    assert run.outcomes().get("failed", 0) >= 3, run.outcomes()
+
+
+def test_a_model_explains_the_deviation_it_models(suite, tmp_path):
+    mine = ledger_file(tmp_path, entry('"fake-eps-float32"'))
+    run = suite("--backend", "fake-eps-float32", *ARGS, *CHECKS, "--ledger", mine)
+    assert run.returncode == 0, run.output[-3000:]
+    xfailed = [r for r in run.records if r["outcome"] == "xfailed"]
+    assert len(xfailed) >= 3
+    for record in xfailed:
+        assert "model eps_float32 reproduces it" in record["reason"]
+        assert "eps is rounded to float32 before use" in record["reason"]
+        explained = [c["explained"] for c in record["comparisons"] if "explained" in c]
+        assert explained and all(x["model"] == "eps_float32" and x["passed"] for x in explained)
+        # The model's answer is itself off the oracle by what the backend shows, and the backend sits
+        # within the very tolerance of the model: nothing was widened.
+        assert all(x["model_ratio"] > 1 and x["worst_ratio"] <= 1 for x in explained)
+    # The entry is the file's own, added to the built-in ones, and the header says where it came from.
+    files = run.header["ledger"]["files"]
+    assert files[-1] == mine and any(f.endswith("torch.toml") for f in files)
+
+
+def test_a_model_does_not_explain_another_deviation(suite, tmp_path):
+    mine = ledger_file(tmp_path, entry('"fake-eps-float32", "fake-eps-bfloat16"'))
+    run = suite("--backend", "fake-eps-bfloat16", *ARGS, *CHECKS, "--ledger", mine)
+    assert run.returncode == 1
+    failed = [r for r in run.records if r["outcome"] == "failed"]
+    assert failed and all("names model eps_float32, which does not explain" in r["reason"] for r in failed)
+
+
+def test_a_third_party_model_is_named_by_module_and_function(suite, tmp_path):
+    model = 'model = "normconf_ledger_fakes:eps_bfloat16"'
+    mine = ledger_file(tmp_path, entry('"fake-eps-bfloat16"', model))
+    run = suite("--backend", "fake-eps-bfloat16", *ARGS, *CHECKS, "--ledger", mine)
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.outcomes().get("xfailed", 0) >= 3
+
+
+def test_a_platform_condition_that_does_not_hold_leaves_the_deviation_failing(suite, tmp_path):
+    elsewhere = entry('"fake-eps-float32"', extra='platform = { device = ["cuda"] }\n')
+    run = suite("--backend", "fake-eps-float32", *ARGS, *CHECKS, "--ledger", ledger_file(tmp_path, elsewhere))
+    assert run.returncode == 1
+    # Not observed here, and for another platform: no complaint about the entry itself.
+    assert "not observed here: deviation" not in run.output
+
+
+def test_no_builtin_ledger_replaces_the_built_in_entries(suite, tmp_path):
+    mine = ledger_file(tmp_path, entry('"fake-eps-float32"'))
+    run = suite("--backend", "fake-eps-float32", *ARGS, *CHECKS, "--ledger", mine, "--no-builtin-ledger")
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.header["ledger"]["files"] == [mine] and len(run.header["ledger"]["entries"]) == 1
+    alone = suite("--backend", "fake-numpy", "--no-builtin-ledger", *CHECKS)
+    assert alone.returncode == 4 and "--no-builtin-ledger without --ledger FILE" in alone.output
+
+
+def test_an_entry_not_observed_is_reported_and_fails_only_a_strict_run(suite, tmp_path):
+    mine = ledger_file(tmp_path, entry('"fake-numpy"'))
+    run = suite("--backend", "fake-numpy", *ARGS, *CHECKS, "--ledger", mine)
+    assert run.returncode == 0, run.output[-3000:]
+    index = len(run.header["ledger"]["entries"]) - 1
+    assert f"not observed here: deviation[{index}]" in run.output
+    assert run.header["ledger"]["not_observed"] == [index]
+    strict = suite("--backend", "fake-numpy", *ARGS, *CHECKS, "--ledger", mine, "--strict-ledger")
+    assert strict.returncode == 1
+    assert "--strict-ledger: 1 entries were not observed" in strict.output
+    assert strict.header["exitstatus"] == 1
+
+
+# ---------------------------------------------------------------------------------- unit level
+
+
+def test_platform_conditions_read_device_cpu_features_and_versions(tmp_path):
+    body = (
+        '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
+        'platform = { device = ["cpu"], cpu = ["avx2"], not_cpu = ["avx512_bf16"], '
+        'versions = { torch = "<2.12" } }\n'
+    )
+    path = tmp_path / "l.toml"
+    path.write_text(body)
+    (dev,) = load_ledger(path, builtin=False).entries
+    old_avx2 = Platform("cpu", frozenset({"avx2"}), {"torch": "2.11.0+cu130"})
+    assert dev.condition.holds(old_avx2)
+    assert not dev.condition.holds(old_avx2.on("cuda"))
+    assert not dev.condition.holds(Platform("cpu", frozenset({"avx2", "avx512_bf16"}), {"torch": "2.11.0"}))
+    assert not dev.condition.holds(Platform("cpu", frozenset({"avx2"}), {"torch": "2.13.0"}))
+    assert not dev.condition.holds(Platform("cpu", frozenset({"avx2"}), {"torch": None}))
+    assert dev.to_dict()["platform"] == {
+        "device": ["cpu"],
+        "cpu": ["avx2"],
+        "not_cpu": ["avx512_bf16"],
+        "versions": {"torch": "<2.12"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ('{ device = ["gpu"] }', "platform.device=['gpu'] is not allowed; allowed: cpu, cuda, rocm"),
+        ('{ cpu = ["avx9"] }', "platform.cpu=['avx9'] is not allowed"),
+        ('{ versions = { torch = "lower than 2" } }', "platform.versions.torch='lower than 2'"),
+        ('{ os = "linux" }', "platform field(s) ['os'] are not allowed"),
+    ],
+)
+def test_a_malformed_platform_condition_is_named(tmp_path, value, words):
+    path = tmp_path / "l.toml"
+    path.write_text(
+        '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
+        f"platform = {value}\n"
+    )
+    with pytest.raises(LedgerError, match=r"deviation\[0\]") as info:
+        load_ledger(path, builtin=False)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ('model = "no_such_model"\n', "model='no_such_model' is not allowed; allowed: eps_float32"),
+        ('model = "normconf_nowhere:f"\n', "cannot be loaded"),
+        ('model = "eps_float32"\nband = [1, 2]\n', "model with band or measure is not allowed"),
+        ('model = "eps_float32"\ncheck = "shift_invariance"\n', "is not allowed with a model"),
+    ],
+)
+def test_a_malformed_model_entry_is_named(tmp_path, body, words):
+    path = tmp_path / "l.toml"
+    head = '[[deviation]]\nbackend = "fake-a"\noutput = "y"\nreason = "r"\n'
+    path.write_text(head + ('check = "forward"\n' if "check" not in body else "") + body)
+    with pytest.raises(LedgerError) as info:
+        load_ledger(path, builtin=False)
+    assert words in str(info.value)
+
+
+def test_reasons_are_stated_once_and_cited_by_key(tmp_path):
+    path = tmp_path / "l.toml"
+    cite = '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\nreason = "k"\n'
+    path.write_text(
+        cite + cite + '\n[reasons.k]\ntext = "the one reason"\nlink = "https://example.invalid"\n'
+    )
+    first, second = load_ledger(path, builtin=False).entries
+    assert first.reason == second.reason == "the one reason" and first.link == "https://example.invalid"
+    path.write_text(cite + '\n[reasons.k]\ntext = "t"\n[reasons.unused]\ntext = "u"\n')
+    with pytest.raises(LedgerError, match=r"reasons \['unused'\] are cited by no entry"):
+        load_ledger(path, builtin=False)
+
+
+def test_every_builtin_model_resolves_and_unknown_names_list_the_choices():
+    for name in models.MODELS:
+        assert models.resolve(name) is models.MODELS[name]
+    with pytest.raises(models.ModelError, match="allowed: eps_float32"):
+        models.resolve("nothing")
+
+
+def test_cpu_features_are_read_from_cpuinfo():
+    x86 = "processor : 0\nflags\t\t: fpu sse4_2 avx avx2 avx512f avx512_bf16 amx_tile\n"
+    assert machine.parse_cpu_features(x86) == ("sse4_2", "avx", "avx2", "avx512f", "avx512_bf16", "amx_tile")
+    arm = "processor : 0\nFeatures\t: fp asimd asimdhp bf16 sve\n"
+    assert machine.parse_cpu_features(arm) == ("asimd", "asimdhp", "bf16", "sve")
+    assert machine.parse_cpu_features("") == ()
+    assert platform.here().cpu_features == frozenset(machine.cpu_features())
