@@ -13,6 +13,7 @@ from conformance.judging.ledger import Deviation, Ledger
 from conformance.judging.platform import Platform
 from conformance.model.case import Case
 from conformance.results.records import PropertyRecord, Record, Result
+from conformance.running.checks import CHECK_NAMES
 
 
 @dataclass(frozen=True)
@@ -23,12 +24,16 @@ class Observation:
     used: tuple[int, ...]
     unobserved: tuple[int, ...]
     elsewhere: tuple[int, ...]
+    # Unused entries of metamorphic properties: their examples are drawn within a time budget, so a
+    # run that drew no deviating example says nothing against them (never a strict failure).
+    undrawn: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, list[int]]:
         return {
             "used": list(self.used),
             "not_observed": list(self.unobserved),
             "elsewhere": list(self.elsewhere),
+            "undrawn": list(self.undrawn),
         }
 
 
@@ -63,12 +68,14 @@ def observe(
     ran = _ran(records)
     unobserved: list[int] = []
     elsewhere: list[int] = []
+    undrawn: list[int] = []
     for entry in ledger.entries:
         if entry.index in used:
             continue
         could = (not entry.profiles or profile in entry.profiles) and _could_apply(entry, devices, ran, where)
-        (unobserved if could else elsewhere).append(entry.index)
-    return Observation(tuple(sorted(used)), tuple(unobserved), tuple(elsewhere))
+        drawn = not set(entry.match["check"]) & set(CHECK_NAMES)
+        (elsewhere if not could else undrawn if drawn else unobserved).append(entry.index)
+    return Observation(tuple(sorted(used)), tuple(unobserved), tuple(elsewhere), tuple(undrawn))
 
 
 @dataclass
@@ -124,7 +131,8 @@ def lines(ledger: Ledger, seen: Observation) -> list[str]:
     by_index = {e.index: e for e in ledger.entries}
     head = (
         f"ledger: {len(seen.used)} entries explained results of this run, {len(seen.unobserved)} not "
-        f"observed here, {len(seen.elsewhere)} for other backends, platforms or cases; "
+        f"observed here, {len(seen.undrawn)} of properties whose examples did not draw them, "
+        f"{len(seen.elsewhere)} for other backends, platforms or cases; "
         f"{len(ledger.band_only)} of {len(ledger.entries)} explain by a band (no model yet)"
     )
     out = [head]
