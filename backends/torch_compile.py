@@ -53,6 +53,17 @@ DEFAULT_OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm", "add_layer_no
 # Recompiles one key may take (eps values x size-1 specializations); past it dynamo raises instead of
 # silently running eager, so a case is compiled or it is an error.
 RECOMPILE_LIMIT = 64
+
+
+def _recompile_limits() -> dict[str, Any]:
+    """The recompile limit, failing when hit, under the names of the installed torch (torch 2.6 calls
+    them cache_size_limit and fail_on_cache_limit_hit; later releases renamed them)."""
+    config = torch._dynamo.config
+    if hasattr(config, "recompile_limit"):
+        return {"recompile_limit": RECOMPILE_LIMIT, "fail_on_recompile_limit_hit": True}
+    return {"cache_size_limit": RECOMPILE_LIMIT, "fail_on_cache_limit_hit": True}
+
+
 NOTES = {
     "compile": "torch.compile(backend='inductor', dynamic=True, fullgraph=True); one compiled function"
     " per (op, dtype, parameter signature, grad) shared by every shape; eps and size-1 dims recompile",
@@ -334,7 +345,7 @@ class CompiledPrepared:
         from torch._dynamo.utils import counters
 
         before = counters["stats"]["unique_graphs"]
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+        with torch._dynamo.config.patch(_recompile_limits()):
             start = time.perf_counter()
             if canonical is not None:
                 canonical()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from conformance import oracle
+from conformance.model import residual
 from conformance.model.case import GROUP_OPS, Case
 from conformance.model.dtypes import round_to
 from conformance.model.geometry import geometry
@@ -99,7 +100,32 @@ def statistics_float32(case: Case, inputs: Arrays) -> Arrays:
     return {**oracle.evaluate(case, inputs, grad=_grad(inputs)), "y": y}
 
 
+def one_pass_sequential_float32(case: Case, inputs: Arrays) -> Arrays:
+    """LayerNorm (and the add op's) whose row mean and mean square are accumulated element by element in
+    float32 and whose variance is E[x^2] - E[x]^2 (clipped at 0): on offset rows the subtraction cancels
+    most digits. ONNX Runtime's SkipLayerNormalization CPU kernel before 1.30 does this; the sequential
+    order reproduces it to the bit where a pairwise sum would not."""
+    if case.op not in ("layer_norm", "add_layer_norm") or case.norm_ndim != 1:
+        raise ModelError(f"one_pass_sequential_float32 models one-axis LayerNorm rows, not case {case.id}")
+    x = residual.normalized(case, inputs).astype(np.float32)
+    rows = x.reshape(-1, x.shape[-1])
+    total = np.zeros(rows.shape[0], np.float32)
+    squares = np.zeros(rows.shape[0], np.float32)
+    for column in rows.T:  # one float32 rounding per element added, in order
+        total += column
+        squares += column * column
+    n = np.float32(rows.shape[1])
+    mean = total / n
+    var = np.maximum(squares / n - mean * mean, np.float32(0)).astype(np.float64)
+    xhat = (rows.astype(np.float64) - mean[:, None].astype(np.float64)) / np.sqrt(var[:, None] + case.eps)
+    w = np.asarray(inputs["weight"], np.float64) if case.weight else 1.0
+    b = np.asarray(inputs["bias"], np.float64) if case.bias else 0.0
+    y = (xhat * w + b).reshape(case.shape)
+    return {**oracle.evaluate(case, inputs, grad=_grad(inputs)), "y": y}
+
+
 MODELS: dict[str, Model] = {
+    "one_pass_sequential_float32": one_pass_sequential_float32,
     "eps_float32": eps_float32,
     "momentum_zero": momentum_zero,
     "momentum_float32": momentum_float32,
