@@ -52,8 +52,9 @@ _FIELDS = set(_MATCH_KEYS) | {
 }
 _FILE_KEYS = {"deviation", "reasons"}
 MEASURES: tuple[str, ...] = ("worst_ratio", "rounding")
-# The checks whose outputs a model can recompute (a property's examples are drawn, not stored).
-MODEL_CHECKS: tuple[str, ...] = ("forward", "backward", "training")
+# The checks that compare outputs with the oracle, hence the ones a model can explain (a property's
+# examples are drawn, not stored) and re-judging can judge again.
+COMPARED_CHECKS: tuple[str, ...] = ("forward", "backward", "training")
 
 
 class LedgerError(ValueError):
@@ -353,10 +354,10 @@ def _explanation(
         models.resolve(name)
     except models.ModelError as exc:
         raise LedgerError(f"{where}: {exc}") from exc
-    odd = sorted(set(match["check"]) - set(MODEL_CHECKS))
+    odd = sorted(set(match["check"]) - set(COMPARED_CHECKS))
     if odd:
         raise LedgerError(
-            f"{where}: check={odd} is not allowed with a model; allowed: {', '.join(MODEL_CHECKS)}"
+            f"{where}: check={odd} is not allowed with a model; allowed: {', '.join(COMPARED_CHECKS)}"
         )
     return name, (1.0, math.inf)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from conformance.judging import platform
 from conformance.judging.ledger import Deviation, Ledger
@@ -124,6 +125,18 @@ def _could_apply(
             if not done.cases or any(entry.matches_case(case) for case in done.cases.values()):
                 return True
     return False
+
+
+def header(ledger: Ledger, seen: Observation | None) -> dict[str, Any]:
+    """The ledger as a results header records it: its files, every entry, and what the run observed."""
+    return {
+        "path": ledger.path,
+        "sha256": ledger.sha256,
+        "files": list(ledger.files),
+        "strict": ledger.strict,
+        "entries": [entry.to_dict() for entry in ledger.entries],
+        **(seen.to_dict() if seen is not None else {}),
+    }
 
 
 def lines(ledger: Ledger, seen: Observation) -> list[str]:

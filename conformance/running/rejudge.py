@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.judging.ledger import Ledger
+from conformance.judging.ledger import COMPARED_CHECKS, Ledger
 from conformance.judging.platform import Platform
 from conformance.judging.tolerances import ToleranceTable
 from conformance.judging.verdict import Evidence, compare_outputs, judge
@@ -30,8 +30,7 @@ from conformance.results.records import Result, SchemaError, from_dict, text
 from conformance.running import observed
 from conformance.running.checks import CHECKS, materials
 
-# The checks whose outputs are compared with the oracle, and the outcomes that judged them.
-COMPARED: tuple[str, ...] = ("forward", "backward", "training")
+# The outcomes of a check that judged outputs.
 _JUDGED = frozenset({"passed", "failed", "xfailed", "xpassed"})
 
 
@@ -75,14 +74,7 @@ def rejudge(file: Path, tolerances: ToleranceTable, ledger: Ledger) -> Rejudged:
     new_header = {
         **header,
         "tolerances": {"path": tolerances.path, "sha256": tolerances.sha256},
-        "ledger": {
-            "path": ledger.path,
-            "sha256": ledger.sha256,
-            "files": list(ledger.files),
-            "strict": ledger.strict,
-            "entries": [entry.to_dict() for entry in ledger.entries],
-            **seen.to_dict(),
-        },
+        "ledger": observed.header(ledger, seen),
         "rejudged": {
             "from": str(file),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -132,7 +124,8 @@ def _record(
     here: _Platforms,
     counts: Counter[str],
 ) -> dict[str, Any]:
-    if raw.get("kind") != "result" or raw.get("check") not in COMPARED or raw.get("outcome") not in _JUDGED:
+    comparable = raw.get("check") in COMPARED_CHECKS and raw.get("outcome") in _JUDGED
+    if raw.get("kind") != "result" or not comparable:
         return raw
     try:
         case = Case.from_dict(dict(raw["case"]))
