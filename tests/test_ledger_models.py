@@ -149,7 +149,7 @@ def test_a_malformed_platform_condition_is_named(tmp_path, value, words):
 @pytest.mark.parametrize(
     ("body", "words"),
     [
-        ('model = "no_such_model"\n', "model='no_such_model' is not allowed; allowed: eps_float32"),
+        ('model = "no_such_model"\n', "model='no_such_model' is not allowed; allowed: "),
         ('model = "normconf_nowhere:f"\n', "cannot be loaded"),
         ('model = "eps_float32"\nband = [1, 2]\n', "model with band or measure is not allowed"),
         ('model = "eps_float32"\ncheck = "shift_invariance"\n', "is not allowed with a model"),
@@ -180,7 +180,7 @@ def test_reasons_are_stated_once_and_cited_by_key(tmp_path):
 def test_every_builtin_model_resolves_and_unknown_names_list_the_choices():
     for name in models.MODELS:
         assert models.resolve(name) is models.MODELS[name]
-    with pytest.raises(models.ModelError, match="allowed: eps_float32"):
+    with pytest.raises(models.ModelError, match=r"allowed: .*eps_float32.*'package.module:function'"):
         models.resolve("nothing")
 
 
