@@ -223,8 +223,8 @@ def text(d: Diff, thresholds: Thresholds, limit: int = 50) -> list[str]:
     """The terminal form of a Diff, each list capped at ``limit`` lines."""
     out: list[str] = []
 
-    def section(title: str, rows: list[str]) -> None:
-        out.append(f"{title} ({len(rows)}):")
+    def section(title: str, rows: list[str], count: int | None = None) -> None:
+        out.append(f"{title} ({len(rows) if count is None else count}):")
         out.extend(f"  {row}" for row in rows[:limit])
         if len(rows) > limit:
             out.append(f"  ... and {len(rows) - limit} more")
@@ -240,6 +240,7 @@ def text(d: Diff, thresholds: Thresholds, limit: int = 50) -> list[str]:
             "known deviations changed (no regression)",
             [f"{before} -> {after}: {n}" for (before, after), n in sorted(moves.items())]
             + [f"{c.backend} {c.case_id} [{c.check}] {c.before} -> {c.after}" for c in d.known],
+            count=len(d.known),
         )
     section(
         f"error growth beyond {thresholds.growth:g}x (worst_ratio >= {thresholds.min_ratio:g})",
