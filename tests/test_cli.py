@@ -221,3 +221,12 @@ def test_run_forwards_the_timeout_options_to_pytest():
     forwarded = commands._pytest_args(args, Path("results.jsonl"))
     assert forwarded[forwarded.index("--call-timeout") + 1] == "7.0"
     assert forwarded[forwarded.index("--max-timeouts") + 1] == "5"
+
+
+def test_run_forwards_every_ledger_option_to_pytest():
+    argv = ["run", "--ledger", "a.toml", "--ledger", "b.toml", "--no-builtin-ledger", "--strict-ledger"]
+    forwarded = commands._pytest_args(main.build_parser().parse_args(argv), Path("results.jsonl"))
+    assert [forwarded[i + 1] for i, arg in enumerate(forwarded) if arg == "--ledger"] == ["a.toml", "b.toml"]
+    assert "--no-builtin-ledger" in forwarded and "--strict-ledger" in forwarded
+    plain = commands._pytest_args(main.build_parser().parse_args(["run"]), Path("results.jsonl"))
+    assert not {"--ledger", "--no-builtin-ledger", "--strict-ledger"} & set(plain)

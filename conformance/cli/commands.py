@@ -62,23 +62,7 @@ def build_run(sub: Sub, name: str) -> argparse.ArgumentParser:
         help=f"after this many hung cases a backend's remaining tests are errors at once ({MAX_TIMEOUTS})",
     )
     p.add_argument("--tolerances", metavar="FILE", help="tolerance file (default: the built-in matrix)")
-    p.add_argument(
-        "--ledger",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="a known-deviations file (or folder of them) added to the built-in entries; repeatable",
-    )
-    p.add_argument(
-        "--no-builtin-ledger",
-        action="store_true",
-        help="use only the --ledger files, not the built-in entries",
-    )
-    p.add_argument(
-        "--strict-ledger",
-        action="store_true",
-        help="reference runs: a ledger entry not observed here, or a listed case that passes, fails the run",
-    )
+    options.ledger_options(p)
     p.add_argument(
         "-p",
         dest="plugin",

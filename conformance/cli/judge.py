@@ -36,15 +36,7 @@ def build_judge(sub: Sub, name: str) -> argparse.ArgumentParser:
         "-o", "--output", required=True, metavar="OUTPUT", help="where to write the re-judged file"
     )
     p.add_argument("--tolerances", metavar="FILE", help="tolerance file (default: the built-in matrix)")
-    p.add_argument(
-        "--ledger",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="a ledger file added to the built-in one",
-    )
-    p.add_argument("--no-builtin-ledger", action="store_true", help="use only the --ledger files")
-    p.add_argument("--strict-ledger", action="store_true", help="judge as a strict reference run would")
+    options.ledger_options(p)
     return p
 
 
