@@ -200,17 +200,13 @@ class Ledger:
         return tuple(d for d in self.entries if not d.model)
 
 
-def builtin_dir() -> Path:
+def default_path() -> Path:
+    """Where the built-in entries live (a folder of one file per backend family)."""
     return tomlfile.builtin("deviations")
 
 
 def builtin_files() -> tuple[Path, ...]:
-    return tuple(sorted(builtin_dir().glob("*.toml")))
-
-
-def default_path() -> Path:
-    """Where the built-in entries live (a folder of one file per backend family)."""
-    return builtin_dir()
+    return tuple(sorted(default_path().glob("*.toml")))
 
 
 def load(
@@ -233,7 +229,7 @@ def load(
         data, sha256 = tomlfile.read(file, "ledger", LedgerError)
         digest.update(f"{file.name}:{sha256}\n".encode())
         entries += _file_entries(file, data, checks, len(entries))
-    where = "; ".join(str(p) for p in ([builtin_dir()] if builtin else []) + [Path(p) for p in extra])
+    where = "; ".join(str(p) for p in ([default_path()] if builtin else []) + [Path(p) for p in extra])
     return Ledger(where, digest.hexdigest(), tuple(entries), strict, tuple(map(str, flat)), builtin)
 
 

@@ -85,21 +85,6 @@ def half_statistics(case: Case, inputs: Arrays) -> Arrays:
     return out
 
 
-def statistics_float32(case: Case, inputs: Arrays) -> Arrays:
-    """A float64 graph whose statistics and normalized values are computed in float32 (x cast to
-    float32 first, eps as a float32 constant), the affine applied in float64: ONNX
-    GroupNormalization-21 with its default stash_type 1."""
-    f32 = {k: (round_to(v, "float32") if k == "x" else v) for k, v in inputs.items()}
-    case32 = dataclasses.replace(case, dtype="float32", param_dtype=None, eps=float(np.float32(case.eps)))
-    plain = dataclasses.replace(case32, weight=False, bias=False)
-    xhat = round_to(oracle.evaluate(plain, {"x": f32["x"]}, grad=False)["y"], "float32").astype(np.float64)
-    geo = geometry(case)
-    w = np.asarray(inputs["weight"], np.float64).reshape(geo.param_shape) if case.weight else 1.0
-    b = np.asarray(inputs["bias"], np.float64).reshape(geo.param_shape) if case.bias else 0.0
-    y = (xhat.reshape(geo.shape) * w + b).reshape(case.shape)
-    return {**oracle.evaluate(case, inputs, grad=_grad(inputs)), "y": y}
-
-
 def one_pass_sequential_float32(case: Case, inputs: Arrays) -> Arrays:
     """LayerNorm (and the add op's) whose row mean and mean square are accumulated element by element in
     float32 and whose variance is E[x^2] - E[x]^2 (clipped at 0): on offset rows the subtraction cancels
@@ -130,7 +115,6 @@ MODELS: dict[str, Model] = {
     "momentum_zero": momentum_zero,
     "momentum_float32": momentum_float32,
     "half_statistics": half_statistics,
-    "statistics_float32": statistics_float32,
 }
 
 

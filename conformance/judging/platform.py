@@ -65,12 +65,6 @@ class Condition:
             record["versions"] = dict(self.versions)
         return record
 
-    def describe(self) -> str:
-        parts = [f"device {'/'.join(self.devices)}"] if self.devices else []
-        parts += [f"CPU with {f}" for f in self.cpu] + [f"CPU without {f}" for f in self.not_cpu]
-        parts += [f"{name} {spec}" for name, spec in self.versions]
-        return ", ".join(parts) or "any platform"
-
 
 def _satisfies(version: str | None, spec: str) -> bool:
     """An absent package satisfies no version condition."""

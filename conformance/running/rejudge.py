@@ -70,7 +70,7 @@ def rejudge(file: Path, tolerances: ToleranceTable, ledger: Ledger) -> Rejudged:
         out.append(new)
     typed = [r for r in map(from_dict, out) if r is not None]
     devices = {name: here(name).device for name in (header.get("backends") or {})}
-    seen = observed.observe(ledger, typed, devices, header.get("profile"), where=here.on_device)
+    seen = observed.observe(ledger, typed, devices, header.get("profile"), where=here.base.on)
     new_header = {
         **header,
         "tolerances": {"path": tolerances.path, "sha256": tolerances.sha256},
@@ -99,9 +99,6 @@ class _Platforms:
     def __call__(self, backend: str) -> Platform:
         info = self.backends.get(backend)
         device = str(info.get("device", "cpu")) if isinstance(info, Mapping) else "cpu"
-        return self.base.on(device)
-
-    def on_device(self, device: str) -> Platform:
         return self.base.on(device)
 
 

@@ -43,13 +43,13 @@ from backends.torch_nn import TorchFunctional, TorchNN
 from conformance import oracle
 from conformance.fingerprint.emulate import Convention, emulate
 from conformance.judging import rounding, tolerances
-from conformance.judging.ledger import default_path
 from conformance.judging.verdict import compare_outputs
 from conformance.model import residual
 from conformance.model.case import Case
 from conformance.model.dtypes import round_to
 from conformance.model.inputs import for_call, make_inputs
 from conformance.model.profiles import cases as profile_cases
+from conformance.running.settings import load_ledger
 
 TABLE = tolerances.load()
 BACKENDS: dict[str, Any] = {b.name: b for b in (TorchNN(), TorchFunctional(), TorchEager())}
@@ -223,23 +223,21 @@ def _bias(actual: np.ndarray, expected: np.ndarray, case: Case) -> str:
 
 def stale() -> None:
     """Rerun the add_rms_norm ids of the shipped ledger's torch entries (every profile)."""
-    import tomllib
-
     known = {c.id: c for profile in ("smoke", "ci", "full") for c in profile_cases(profile)}
-    entries = tomllib.loads(default_path().read_text())["deviation"]
-    for index, entry in enumerate(entries):
-        names = entry["backend"] if isinstance(entry["backend"], list) else [entry["backend"]]
-        ids = [i for i in entry.get("case", []) if i.startswith("add_rms_norm")]
+    for entry in load_ledger().entries:
+        names = entry.match["backend"]
+        ids = [i for i in entry.match.get("case", ()) if i.startswith("add_rms_norm")]
         if not ids or not any(n.startswith(("torch-", "hf-")) for n in names):
             continue
         for name in names:
             for case_id in ids:
                 case = known[case_id]
                 inputs = make_inputs(case, grad=True)
-                actual = run(name, case, inputs, entry["check"] != "forward")
+                checks = entry.match["check"]
+                actual = run(name, case, inputs, checks != ("forward",))
                 expected = oracle.evaluate(case, inputs, grad=True)
-                got = ratios(case, inputs, expected, actual, [entry["output"]])
-                print(f"ledger[{index}] {name} {entry['check']} {case_id}: {got} band {entry['band']}")
+                got = ratios(case, inputs, expected, actual, list(entry.match["output"]))
+                print(f"ledger[{entry.index}] {name} {'/'.join(checks)} {case_id}: {got} band {entry.band}")
 
 
 def main() -> None:
