@@ -43,7 +43,7 @@ def context(tmp_path, table, body: str = "", strict: bool = False) -> CheckConte
 def entry(output: str = "y", band: str = "[1, 2]", reason: str = "accumulates in float16") -> str:
     return (
         f'[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "{output}"\n'
-        f'band = {band}\nreason = "{reason}"\nlink = "https://example.invalid/7"\n'
+        f'band = {band}\nnote = "no model yet"\nreason = "{reason}"\nlink = "https://example.invalid/7"\n'
     )
 
 

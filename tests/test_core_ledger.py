@@ -28,7 +28,10 @@ def write(tmp_path, body: str):
     return path
 
 
-ENTRY = '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
+ENTRY = (
+    '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\n'
+    'note = "no model yet"\nreason = "r"\n'
+)
 
 
 def test_builtin_ledger_loads():
@@ -58,7 +61,8 @@ def test_entry_fields_are_parsed(tmp_path):
             tmp_path,
             '[[deviation]]\nbackend = ["fake-a", "fake-b"]\ncheck = "backward"\noutput = "dx"\n'
             'op = "layer_norm"\n'
-            'band = [1, 3.5]\nreason = "float32 accumulation"\nlink = "https://example.invalid/1"\n',
+            'band = [1, 3.5]\nnote = "no model yet"\nreason = "float32 accumulation"\n'
+            'link = "https://example.invalid/1"\n',
         )
     )
     (entry,) = table.entries
@@ -201,7 +205,14 @@ def test_missing_ledger_names_the_file(tmp_path):
     ],
 )
 def test_typo_in_an_entry_is_an_error_not_a_silent_mismatch(tmp_path, field, value, words):
-    entry = {"backend": '"b"', "check": '"forward"', "output": '"y"', "band": "[1.0, 2.0]", "reason": '"r"'}
+    entry = {
+        "backend": '"b"',
+        "check": '"forward"',
+        "output": '"y"',
+        "band": "[1.0, 2.0]",
+        "note": '"n"',
+        "reason": '"r"',
+    }
     entry[field] = value
     path = write(tmp_path, "[[deviation]]\n" + "".join(f"{k} = {v}\n" for k, v in entry.items()))
     with pytest.raises(LedgerError, match="deviation\\[0\\]") as info:
@@ -212,7 +223,7 @@ def test_typo_in_an_entry_is_an_error_not_a_silent_mismatch(tmp_path, field, val
 # ----------------------------------------------------------------------------- measure = "rounding"
 ROUNDING = (
     '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nmeasure = "rounding"\n'
-    'band = [0.0, 0.4]\nreason = "statistics rounded to the activation dtype"\n'
+    'band = [0.0, 0.4]\nnote = "no model yet"\nreason = "statistics rounded to the activation dtype"\n'
 )
 
 

@@ -3,12 +3,23 @@ each run end to end against fakes that deviate in a known way (tests/normconf_le
 
 from __future__ import annotations
 
+import json
+
+import normconf_fakes
+import normconf_ledger_fakes
+import numpy as np
 import pytest
 
-from conformance.judging import models, platform
+from conformance.judging import models, platform, tolerances
 from conformance.judging.ledger import LedgerError
 from conformance.judging.platform import Platform
+from conformance.judging.tolerances import OUTPUTS
+from conformance.judging.verdict import Evidence, Verdict, compare_outputs, judge
+from conformance.model.case import Case
+from conformance.model.inputs import for_call
 from conformance.results import machine
+from conformance.running.checks import CHECKS as SPECS
+from conformance.running.checks import materials
 from conformance.running.settings import load_ledger
 
 ARGS = ("-p", "normconf_ledger_fakes", "--dtype", "float64", "--op", "batch_norm,layer_norm")
@@ -105,7 +116,8 @@ def test_an_entry_not_observed_is_reported_and_fails_only_a_strict_run(suite, tm
 
 def test_platform_conditions_read_device_cpu_features_and_versions(tmp_path):
     body = (
-        '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
+        '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\n'
+        'note = "no model yet"\nreason = "r"\n'
         'platform = { device = ["cpu"], cpu = ["avx2"], not_cpu = ["avx512_bf16"], '
         'versions = { torch = "<2.12" } }\n'
     )
@@ -138,7 +150,8 @@ def test_platform_conditions_read_device_cpu_features_and_versions(tmp_path):
 def test_a_malformed_platform_condition_is_named(tmp_path, value, words):
     path = tmp_path / "l.toml"
     path.write_text(
-        '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
+        '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\n'
+        'note = "no model yet"\nreason = "r"\n'
         f"platform = {value}\n"
     )
     with pytest.raises(LedgerError, match=r"deviation\[0\]") as info:
@@ -151,7 +164,10 @@ def test_a_malformed_platform_condition_is_named(tmp_path, value, words):
     [
         ('model = "no_such_model"\n', "model='no_such_model' is not allowed; allowed: "),
         ('model = "normconf_nowhere:f"\n', "cannot be loaded"),
-        ('model = "eps_float32"\nband = [1, 2]\n', "model with band or measure is not allowed"),
+        (
+            'model = "eps_float32"\nband = [1, 2]\nnote = "no model yet"\n',
+            "model with band or measure is not allowed",
+        ),
         ('model = "eps_float32"\ncheck = "shift_invariance"\n', "is not allowed with a model"),
     ],
 )
@@ -166,7 +182,10 @@ def test_a_malformed_model_entry_is_named(tmp_path, body, words):
 
 def test_reasons_are_stated_once_and_cited_by_key(tmp_path):
     path = tmp_path / "l.toml"
-    cite = '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\nreason = "k"\n'
+    cite = (
+        '[[deviation]]\nbackend = "fake-a"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\n'
+        'note = "no model yet"\nreason = "k"\n'
+    )
     path.write_text(
         cite + cite + '\n[reasons.k]\ntext = "the one reason"\nlink = "https://example.invalid"\n'
     )
@@ -191,3 +210,102 @@ def test_cpu_features_are_read_from_cpuinfo():
     assert machine.parse_cpu_features(arm) == ("asimd", "asimdhp", "bf16", "sve")
     assert machine.parse_cpu_features("") == ()
     assert platform.here().cpu_features == frozenset(machine.cpu_features())
+
+
+# ------------------------------------------------------------------ each model against its fake and near miss
+def _judged(backend: str, case: Case, check: str, model: str, tmp_path) -> Verdict:
+    """The fake run on the case and judged by the real judge under one entry naming ``model``."""
+    path = tmp_path / f"{model}.toml"
+    path.write_text(
+        f'[[deviation]]\nbackend = "{backend}"\ncheck = ["forward", "backward", "training"]\n'
+        f'output = {json.dumps(list(OUTPUTS))}\nmodel = "{model}"\nreason = "as the model says"\n'
+    )
+    ledger = load_ledger(str(path), builtin=False)
+    fake = FAKES[backend]()
+    inputs, expected = materials(case)
+    grad = check == "backward"
+    actual = fake.compute(case, for_call(inputs, grad=grad), grad)
+    table = tolerances.load()
+    comparisons = compare_outputs(case, inputs, expected, actual, SPECS[check].outputs(case), table)
+    evidence = Evidence(inputs, expected, actual, table)
+    return judge(backend, case, check, comparisons, ledger, "x", None, None, evidence)
+
+
+FAKES = {
+    fake.name: fake
+    for module in (normconf_fakes, normconf_ledger_fakes)
+    for fake in vars(module).values()
+    if isinstance(fake, type) and issubclass(fake, normconf_fakes.NumpyFake)
+}
+
+
+def _case(op: str, dtype: str, dist: str, **kw: object) -> Case:
+    shape = kw.pop("shape", (8, 4, 6) if op == "batch_norm" else (12, 64))
+    return Case(op, shape, dtype, 1e-5, dist=dist, **kw)  # type: ignore[arg-type]
+
+
+# (model, its fake, the near miss, the case, the check): the fake's failing outputs are xfailed and
+# explained by the model; the near miss fails under the same entry.
+PAIRS = [
+    ("float32_execution", "fake-float64-in-float32", "fake-float64-in-float16",
+     _case("layer_norm", "float64", "normal"), "backward"),
+    ("variance_path_underflow", "fake-rstd-cubed", "fake-ln-dx-no-mean-terms",
+     _case("layer_norm", "float32", "large"), "backward"),
+    ("half_statistics", "fake-half-statistics", "fake-bfloat16-statistics",
+     _case("layer_norm", "float16", "offset"), "backward"),
+    ("exact_sum", "fake-exact-sum", "fake-truncated-sum-read",
+     _case("add_layer_norm", "bfloat16", "offset"), "forward"),
+    ("biased_running_var", "fake-bn-biased-running-var", "fake-bn-doubled-running-var",
+     _case("batch_norm", "float32", "normal", training=True), "training"),
+    ("rounded_xhat", "fake-rounded-xhat", "fake-float16-xhat",
+     _case("rms_norm", "bfloat16", "normal", param_dtype="float32"), "backward"),
+    ("weight_grad_in_dtype", "fake-weight-grad-in-dtype", "fake-weight-grad-in-bfloat16",
+     _case("rms_norm", "float16", "normal", param_dtype="float32"), "backward"),
+    ("truncating_bfloat16_convert", "fake-truncating-convert", "fake-truncated-half",
+     _case("layer_norm", "bfloat16", "normal", shape=(64, 384)), "forward"),
+    ("bfloat16_execution", "fake-bfloat16-execution", "fake-bfloat16-statistics-execution",
+     _case("layer_norm", "float32", "offset"), "forward"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "fake", "near", "case", "check"), PAIRS, ids=[p[0] for p in PAIRS])
+def test_each_model_explains_its_deviation_and_not_a_near_miss(model, fake, near, case, check, tmp_path):
+    verdict = _judged(fake, case, check, model, tmp_path)
+    assert verdict.outcome == "xfailed", verdict.reason
+    explained = [c.explained for c in verdict.comparisons if c.explained is not None]
+    assert explained and all(x.model == model and x.passed for x in explained)
+    # The model's answer fails the oracle as the backend does: it explains, nothing was widened.
+    inputs, expected = materials(case)
+    answer = models.resolve(model)(case, inputs)
+    names = tuple(c.output for c in verdict.comparisons if c.explained is not None)
+    assert not any(
+        c.passed for c in compare_outputs(case, inputs, expected, answer, names, tolerances.load())
+    )
+    missed = _judged(near, case, check, model, tmp_path)
+    assert missed.outcome == "failed", missed.reason
+    assert f"names model {model}, which does not explain" in missed.reason
+
+
+def test_a_narrowed_model_is_judged_under_the_tolerance_of_the_dtype_it_runs_in():
+    case = _case("rms_norm", "float64", "normal")
+    inputs, _ = materials(case)
+    run, rounded = models.execution(models.MODELS["float32_execution"], case, inputs)
+    assert run.dtype == "float32" and run.param_dtype is None
+    assert all(np.array_equal(v, v.astype(np.float32)) for v in rounded.values())
+    same, _ = models.execution(models.MODELS["half_statistics"], case, inputs)
+    assert same is case
+
+
+def test_a_model_that_does_not_speak_of_an_op_explains_nothing_there(tmp_path):
+    # half_statistics models centred norms; an entry naming it for RMSNorm explains no RMSNorm output.
+    verdict = _judged("fake-float64-in-float32", _case("rms_norm", "float64", "normal"), "forward",
+                      "half_statistics", tmp_path)  # fmt: skip
+    assert verdict.outcome == "failed"
+
+
+def test_truncating_convert_rounds_half_up_only_after_an_odd_kept_bit():
+    ulp = 2.0**-7  # bfloat16 spacing in [1, 2)
+    values = np.array([1.0 + ulp / 2, 1.0 + ulp + ulp / 2, 1.0 + ulp / 4, -(1.0 + ulp + ulp / 2)])
+    got = models._truncating_bfloat16(values)
+    # Even kept bit: the tie truncates; odd kept bit: it rounds up (away from zero for negatives).
+    assert list(got) == [1.0, 1.0 + 2 * ulp, 1.0, -(1.0 + 2 * ulp)]

@@ -200,7 +200,7 @@ def test_ledger_entry_turns_a_known_failure_into_xfailed(suite, tmp_path):
         tmp_path,
         '[[deviation]]\nbackend = "fake-bias-ignored"\ncheck = "forward"\noutput = "y"\n'
         'op = ["layer_norm", "batch_norm", "add_layer_norm"]\n'
-        'band = [1.0, 1e15]\nreason = "bias is not applied"\n',
+        'band = [1.0, 1e15]\nnote = "no model yet"\nreason = "bias is not applied"\n',
     )
     run = suite(
         "--backend", "fake-bias-ignored", "--profile", "smoke", "-k", "test_forward", "--ledger", ledger
@@ -216,7 +216,7 @@ def test_stale_ledger_entry_is_reported_as_xpassed_failure_in_strict_mode(suite,
         tmp_path,
         '[[deviation]]\nbackend = "fake-numpy"\ncheck = "forward"\noutput = "y"\n'
         'case = "rms_norm-float32-*"\n'
-        'band = [1.0, 10.0]\nreason = "once wrong"\n',
+        'band = [1.0, 10.0]\nnote = "no model yet"\nreason = "once wrong"\n',
     )
     plain = suite("--backend", "fake-numpy", "--profile", "smoke", "-k", "test_forward", "--ledger", ledger)
     assert plain.returncode == 0 and "xpassed" not in plain.outcomes()
@@ -232,7 +232,7 @@ def test_deviation_beyond_its_band_fails(suite, tmp_path):
     ledger = _ledger(
         tmp_path,
         '[[deviation]]\nbackend = "fake-bias-ignored"\ncheck = "forward"\noutput = "y"\nop = "layer_norm"\n'
-        'band = [1.0, 1.5]\nreason = "bias is not applied"\n',
+        'band = [1.0, 1.5]\nnote = "no model yet"\nreason = "bias is not applied"\n',
     )
     run = suite(
         "--backend",

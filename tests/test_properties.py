@@ -94,7 +94,7 @@ def test_a_ledger_entry_turns_known_property_failures_into_xfailed(tmp_path):
     path = tmp_path / "ledger.toml"
     path.write_text(
         '[[deviation]]\nbackend = "fake-variance-about-zero"\ncheck = "shift_invariance"\noutput = "y"\n'
-        'op = "layer_norm"\nband = [1.0, inf]\nreason = "variance about zero"\n'
+        'op = "layer_norm"\nband = [1.0, inf]\nnote = "no model yet"\nreason = "variance about zero"\n'
     )
     known = load_ledger(path, builtin=False)
     backend = _backend("fake-variance-about-zero")
@@ -135,7 +135,7 @@ def test_an_info_conditioned_entry_covers_only_examples_that_recorded_that_choic
     path = tmp_path / "ledger.toml"
     path.write_text(
         '[[deviation]]\nbackend = "fake-variance-about-zero"\ncheck = "shift_invariance"\noutput = "y"\n'
-        'band = [1.0, inf]\nreason = "lowered"\ninfo = { precision = ["bf16"] }\n'
+        'band = [1.0, inf]\nnote = "no model yet"\nreason = "lowered"\ninfo = { precision = ["bf16"] }\n'
     )
     known = load_ledger(path, builtin=False)
     base = _backend("fake-variance-about-zero")
@@ -150,7 +150,8 @@ def test_an_info_conditioned_entry_covers_only_examples_that_recorded_that_choic
 def test_an_unknown_property_name_in_the_ledger_is_an_error(tmp_path):
     path = tmp_path / "ledger.toml"
     path.write_text(
-        '[[deviation]]\nbackend = "x"\ncheck = "shift_invariant"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
+        '[[deviation]]\nbackend = "x"\ncheck = "shift_invariant"\noutput = "y"\nband = [1, 2]\n'
+        'note = "no model yet"\nreason = "r"\n'
     )
     with pytest.raises(ledger.LedgerError, match="shift_invariant"):
         load_ledger(path, builtin=False)

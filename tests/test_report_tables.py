@@ -141,7 +141,8 @@ def test_schema_1_deviations_with_the_run_ledger_show_its_entries(tmp_path):
     ledger = tmp_path / "ledger.toml"
     ledger.write_text(
         '[[deviation]]\nbackend = "beta"\ncheck = "forward"\noutput = "y"\nop = "rms_norm"\n'
-        'band = [1.0, 4.0]\nreason = "beta rounds twice"\nlink = "javascript:alert(1)"\n'
+        'band = [1.0, 4.0]\nnote = "no model yet"\n'
+        'reason = "beta rounds twice"\nlink = "javascript:alert(1)"\n'
     )
     sha = hashlib.sha256(ledger.read_bytes()).hexdigest()
     path = write(

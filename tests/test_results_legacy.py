@@ -113,7 +113,8 @@ def test_schema_1_failed_reason_cites_the_entry_whose_band_was_exceeded(tmp_path
 def test_schema_1_ledger_is_read_where_the_header_names_it_unchanged(tmp_path):
     file = tmp_path / "ledger.toml"
     file.write_text(
-        '[[deviation]]\nbackend = "b"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\nreason = "r"\n'
+        '[[deviation]]\nbackend = "b"\ncheck = "forward"\noutput = "y"\nband = [1, 2]\n'
+        'note = "no model yet"\nreason = "r"\n'
     )
     sha = hashlib.sha256(file.read_bytes()).hexdigest()
     header = records.load(

@@ -257,8 +257,18 @@ def _file_entries(file: Path, data: dict[str, Any], checks: Collection[str], sta
     return parsed
 
 
-def _reasons(file: Path, raw: Any) -> dict[str, tuple[str, str]]:
-    """key -> (text, link) of a file's ``[reasons.KEY]`` tables."""
+@dataclass(frozen=True)
+class _Reason:
+    """A ``[reasons.KEY]`` table: the cause, where it is documented, and (for entries that explain by a
+    band) why it has no model yet."""
+
+    text: str
+    link: str = ""
+    note: str = ""
+
+
+def _reasons(file: Path, raw: Any) -> dict[str, _Reason]:
+    """key -> reason of a file's ``[reasons.KEY]`` tables."""
     if not isinstance(raw, dict):
         raise LedgerError(f"{file}: reasons={raw!r} is not allowed; allowed: [reasons.KEY] tables")
     found = {}
@@ -266,10 +276,12 @@ def _reasons(file: Path, raw: Any) -> dict[str, tuple[str, str]]:
         if (
             not isinstance(table, dict)
             or not str(table.get("text", "")).strip()
-            or set(table) - {"text", "link"}
+            or set(table) - {"text", "link", "note"}
         ):
-            raise LedgerError(f"{file}: reasons.{key} is not allowed; allowed: a table with text (and link)")
-        found[str(key)] = (str(table["text"]), str(table.get("link", "")))
+            raise LedgerError(
+                f"{file}: reasons.{key} is not allowed; allowed: a table with text (and link, note)"
+            )
+        found[str(key)] = _Reason(str(table["text"]), str(table.get("link", "")), str(table.get("note", "")))
     return found
 
 
@@ -279,7 +291,7 @@ def _entry(
     local: int,
     entry: Any,
     checks: Collection[str],
-    reasons: Mapping[str, tuple[str, str]],
+    reasons: Mapping[str, _Reason],
 ) -> Deviation:
     where = f"{file}: deviation[{local}]"
     if not isinstance(entry, dict):
@@ -300,8 +312,9 @@ def _entry(
     key = str(entry["reason"])
     if not key.strip():
         raise LedgerError(f"{where}: reason='' is not allowed; allowed: an explanation of the deviation")
-    reason, link = reasons.get(key, (key, ""))
-    link = str(entry.get("link", link))
+    cited = reasons.get(key, _Reason(key))
+    reason, link = cited.text, str(entry.get("link", cited.link))
+    note = str(entry.get("note", cited.note))
     training = entry.get("training")
     if training is not None and not isinstance(training, bool):
         raise LedgerError(f"{where}: training={training!r} is not allowed; allowed: true, false")
@@ -309,6 +322,11 @@ def _entry(
     if measure not in MEASURES:
         raise LedgerError(f"{where}: measure={measure!r} is not allowed; allowed: {', '.join(MEASURES)}")
     model, band = _explanation(where, entry, match, measure)
+    if not model and not note.strip():
+        raise LedgerError(
+            f"{where}: a band entry needs a note (its own or its reason's) saying why the cause has no "
+            'model yet; allowed: note = "...", or a model'
+        )
     info = _info(where, entry.get("info", {}))
     condition = platform.parse(where, entry.get("platform", {}), LedgerError)
     profiles = _strings(where, "profiles", entry["profiles"]) if "profiles" in entry else ()
@@ -325,7 +343,7 @@ def _entry(
         measure,
         info,
         model,
-        str(entry.get("note", "")),
+        note,
         condition,
         profiles,
         str(file),

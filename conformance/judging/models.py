@@ -12,14 +12,17 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from conformance import oracle
 from conformance.model import residual
-from conformance.model.case import GROUP_OPS, Case
-from conformance.model.dtypes import round_to
-from conformance.model.geometry import geometry
+from conformance.model.case import ADD_OPS, Case
+from conformance.model.dtypes import numpy_dtype, round_to, stats_dtype, unit_roundoff
+from conformance.model.geometry import Geometry, geometry
+from conformance.model.outputs import output_dtype
+from conformance.oracle import batch_norm
 
 Arrays = Mapping[str, np.ndarray]
 Model = Callable[[Case, Arrays], Arrays]
@@ -57,21 +60,92 @@ def momentum_float32(case: Case, inputs: Arrays) -> Arrays:
     return oracle.evaluate(dataclasses.replace(case, momentum=momentum), inputs, grad=_grad(inputs))
 
 
-def half_statistics(case: Case, inputs: Arrays) -> Arrays:
-    """GroupNorm / InstanceNorm whose per-group mean and rstd are held in the activation dtype (torch's
-    native_group_norm and native_batch_norm return them as float16/bfloat16 for half inputs) and read
-    back by the forward's normalization and by the backward."""
-    if case.op not in GROUP_OPS:
-        raise ModelError(f"half_statistics models group_norm and instance_norm, not op={case.op}")
+def narrowed(case: Case, inputs: Arrays, dtype: str) -> tuple[Case, Arrays]:
+    """The case as a backend that executes it in ``dtype`` sees it: every dtype of the case wider than
+    ``dtype`` narrowed to it and every input rounded there (float64 values of the narrower type)."""
+    unit = unit_roundoff(dtype)
+
+    def narrow(name: str | None) -> str | None:
+        return dtype if name is not None and unit_roundoff(name) < unit else name
+
+    params = case.param_dtype or case.dtype
+    narrowed_case = dataclasses.replace(
+        case,
+        dtype=narrow(case.dtype) or case.dtype,
+        param_dtype=narrow(params) if case.param_dtype is not None else None,
+        residual_dtype=narrow(case.residual_dtype),
+    )
+    rounded = {
+        name: round_to(np.asarray(values, dtype=np.float64), dtype).astype(np.float64)
+        for name, values in inputs.items()
+    }
+    return narrowed_case, rounded
+
+
+@dataclass(frozen=True)
+class Narrowed:
+    """A backend that executes a wider case in ``dtype`` (Keras and Hugging Face classes compute float64
+    in float32; OpenVINO's bf16 precision hint runs float32 graphs in bfloat16): the reference of the
+    narrowed case. Its answer is judged under the tolerance rule of the dtype it executes in, as a
+    backend given that dtype would be: the deviation is the narrowing, nothing more."""
+
+    dtype: str
+
+    def __call__(self, case: Case, inputs: Arrays) -> Arrays:
+        narrow_case, narrow_inputs = narrowed(case, inputs, self.dtype)
+        return oracle.evaluate(narrow_case, narrow_inputs, grad=_grad(inputs))
+
+
+def execution(model: Model, case: Case, inputs: Arrays) -> tuple[Case, Arrays]:
+    """The case and inputs whose tolerance rule judges ``model``'s answer: narrowed for a ``Narrowed``
+    model, the case's own otherwise."""
+    if isinstance(model, Narrowed):
+        return narrowed(case, inputs, model.dtype)
+    return case, inputs
+
+
+def _centred(case: Case) -> None:
+    if case.op not in _CENTRED_OPS or (case.op == "batch_norm" and not case.training):
+        raise ModelError(
+            f"the model needs batch statistics of a centred norm ({', '.join(sorted(_CENTRED_OPS))}; "
+            f"batch_norm in training), not case {case.id}"
+        )
+
+
+_CENTRED_OPS = frozenset({"layer_norm", "add_layer_norm", "batch_norm", "group_norm", "instance_norm"})
+RMS_OPS = frozenset({"rms_norm", "add_rms_norm"})
+
+
+def _scale(case: Case, f64: Arrays, shape: tuple[int, ...]) -> np.ndarray | float:
+    """The effective weight broadcast to the geometry's view (1.0 without a weight)."""
+    if not case.weight:
+        return 1.0
+    return (f64["weight"] + case.weight_offset).reshape(shape)
+
+
+def _with_grads(case: Case, out: dict[str, np.ndarray], dh: np.ndarray, f64: Arrays) -> None:
+    """dx (and, for the add ops, dresidual: both dL/dh) from the norm's gradient ``dh``."""
+    if case.op in ADD_OPS:
+        dh = dh + f64["dresidual_out"]
+        out["dresidual"] = dh.copy()
+    out["dx"] = dh
+
+
+def _view(case: Case, inputs: Arrays) -> tuple[Geometry, dict[str, np.ndarray], np.ndarray]:
+    """The geometry, the inputs in float64, and the values the norm reads (x, or the add ops' sum)
+    reshaped so that the statistics reduce the geometry's group axes."""
     geo = geometry(case)
     f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
-    x = f64["x"].reshape(geo.shape)
-    mean = x.mean(axis=geo.group_axes, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=geo.group_axes, keepdims=True)
-    m_h = round_to(mean, case.dtype).astype(np.float64)
-    r_h = round_to(1.0 / np.sqrt(var + case.eps), case.dtype).astype(np.float64)
-    xhat = (x - m_h) * r_h
-    w = f64["weight"].reshape(geo.param_shape) if case.weight else 1.0
+    x = residual.normalized(case, f64) if case.op in ADD_OPS else f64["x"]
+    return geo, f64, x.reshape(geo.shape)
+
+
+def _normalized_with(case: Case, inputs: Arrays, mean: np.ndarray, rstd: np.ndarray) -> Arrays:
+    """The reference's outputs of a centred norm with y, dx (dresidual) and dweight computed from the
+    given per-group mean and rstd instead of the exact ones: the shared tail of the statistics models."""
+    geo, f64, x = _view(case, inputs)
+    xhat = (x - mean) * rstd
+    w = _scale(case, f64, geo.param_shape)
     b = f64["bias"].reshape(geo.param_shape) if case.bias else 0.0
     out = {**oracle.evaluate(case, inputs, grad=_grad(inputs)), "y": (xhat * w + b).reshape(case.shape)}
     if _grad(inputs):
@@ -79,9 +153,146 @@ def half_statistics(case: Case, inputs: Arrays) -> Arrays:
         g = dy * w
         mg = g.mean(axis=geo.group_axes, keepdims=True)
         mgx = (g * xhat).mean(axis=geo.group_axes, keepdims=True)
-        out["dx"] = (r_h * (g - mg - xhat * mgx)).reshape(case.shape)
+        _with_grads(case, out, (rstd * (g - mg - xhat * mgx)).reshape(case.shape), f64)
         if case.weight:
             out["dweight"] = (dy * xhat).sum(axis=geo.reduce_axes).reshape(-1)
+    return out
+
+
+def half_statistics(case: Case, inputs: Arrays) -> Arrays:
+    """A centred norm whose per-row (group, channel) mean and rstd are held in the activation dtype
+    and read back by the forward's normalization and by the backward: torch's native_layer_norm,
+    native_group_norm and native_batch_norm return them as float16/bfloat16 for half inputs (its CPU
+    backward reads them so, as does inductor's decomposition; CUDA GroupNorm before torch 2.12 also
+    normalizes with them)."""
+    _centred(case)
+    geo, _, x = _view(case, inputs)
+    mean = x.mean(axis=geo.group_axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=geo.group_axes, keepdims=True)
+    held_mean = round_to(mean, case.dtype).astype(np.float64)
+    held_rstd = round_to(1.0 / np.sqrt(var + case.eps), case.dtype).astype(np.float64)
+    return _normalized_with(case, inputs, held_mean, held_rstd)
+
+
+def variance_path_underflow(case: Case, inputs: Arrays) -> Arrays:
+    """A backward that reaches x through the variance along d rsqrt(v) / dv = -rsqrt(v)**3 / 2 (torch's
+    rsqrt and RMSNorm backward; JAX's -rsqrt(v) / (2 v)) formed in the statistics' dtype (float32, or
+    float64 for float64 inputs): for rows with |x| ~ 5e17 in float32 (1e150 in float64) it underflows to
+    0 and dx loses its variance term rstd * xhat * mean(g * xhat), keeping rstd * (g - mean g) (LayerNorm
+    family) or rstd * g (RMSNorm). Elsewhere the term is the reference's."""
+    if not _grad(inputs):
+        raise ModelError(f"variance_path_underflow models a backward; case {case.id} has no dy")
+    if case.op == "batch_norm" and not case.training:
+        raise ModelError(f"variance_path_underflow needs batch statistics, not case {case.id}")
+    geo, f64, x = _view(case, inputs)
+    centred = case.op not in RMS_OPS
+    mean = x.mean(axis=geo.group_axes, keepdims=True) if centred else 0.0
+    var = ((x - mean) ** 2).mean(axis=geo.group_axes, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + case.eps)
+    stats = numpy_dtype(stats_dtype(case.dtype))
+    with np.errstate(under="ignore", over="ignore"):
+        lost = rstd.astype(stats) ** 3 == 0
+    xhat = (x - mean) * rstd
+    g = f64["dy"].reshape(geo.shape) * _scale(case, f64, geo.param_shape)
+    term = rstd * xhat * (g * xhat).mean(axis=geo.group_axes, keepdims=True)
+    out = oracle.evaluate(case, inputs, grad=True)
+    dropped = np.where(lost, term, 0.0).reshape(case.shape)
+    out["dx"] = out["dx"] + dropped
+    if case.op in ADD_OPS:
+        out["dresidual"] = out["dresidual"] + dropped
+    return out
+
+
+def one_pass_variance(case: Case, inputs: Arrays) -> Arrays:
+    """A centred norm whose variance is E[x^2] - E[x]^2, both means taken in the statistics' dtype
+    (float32; float64 for float64 inputs) and the difference clamped at 0: Flax's use_fast_variance,
+    Keras' moments on its torch backend, the ONNX GroupNormalization function body. On offset rows
+    the subtraction cancels most digits; on constant rows it leaves a residue beside eps."""
+    _centred(case)
+    geo, _, x = _view(case, inputs)
+    stats = numpy_dtype(stats_dtype(case.dtype))
+    xs = x.astype(stats)
+    mean = xs.mean(axis=geo.group_axes, keepdims=True, dtype=stats)
+    with np.errstate(over="ignore", invalid="ignore"):
+        square = (xs * xs).mean(axis=geo.group_axes, keepdims=True, dtype=stats)
+        var = np.maximum(square - mean * mean, stats.type(0)).astype(np.float64)
+    return _normalized_with(case, inputs, mean.astype(np.float64), 1.0 / np.sqrt(var + case.eps))
+
+
+def _truncating_bfloat16(values: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 as OpenVINO's CPU plugin's Convert does it,
+    (bits + ((bits & 0x10000) >> 1)) >> 16: half an ulp is added only when the kept last bit is odd, so
+    an even kept bit truncates toward zero (ties and all)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        f32 = np.ascontiguousarray(np.asarray(values, dtype=np.float64).astype(np.float32))
+    bits = f32.view(np.uint32).astype(np.uint64)
+    kept = ((bits + ((bits & 0x10000) >> 1)) >> 16) << 16
+    finite = np.isfinite(f32)
+    out = np.where(finite, kept.astype(np.uint32).view(np.float32), f32)
+    return np.asarray(out, dtype=np.float64)
+
+
+def truncating_bfloat16_convert(case: Case, inputs: Arrays) -> Arrays:
+    """bfloat16 outputs computed in float32 and converted by OpenVINO's CPU plugin's own rounding
+    (``_truncating_bfloat16``): each output is the reference rounded to float32, then converted so."""
+    if case.dtype != "bfloat16":
+        raise ModelError(f"truncating_bfloat16_convert models bfloat16 outputs, not dtype={case.dtype}")
+    out = oracle.evaluate(case, inputs, grad=_grad(inputs))
+    return {
+        name: _truncating_bfloat16(values) if output_dtype(case, name) == "bfloat16" else values
+        for name, values in out.items()
+    }
+
+
+def exact_sum(case: Case, inputs: Arrays) -> Arrays:
+    """An add op whose norm reads x + residual before its rounding (the sum kept in float32 registers,
+    or a runtime that computes the half add in float32 and hands that on) while residual_out is the
+    rounded copy."""
+    if case.op not in ADD_OPS:
+        raise ModelError(f"exact_sum models {', '.join(sorted(ADD_OPS))}, not op={case.op}")
+    return oracle.evaluate(dataclasses.replace(case, norm_input="exact"), inputs, grad=_grad(inputs))
+
+
+def biased_running_var(case: Case, inputs: Arrays) -> Arrays:
+    """A BatchNorm training step that blends the biased batch variance (the one it normalizes with)
+    into running_var, where PyTorch takes the unbiased one (Keras, Flax)."""
+    if case.op != "batch_norm" or not case.training:
+        raise ModelError(f"biased_running_var models a batch_norm training step, not case {case.id}")
+    out = dict(oracle.evaluate(case, inputs, grad=_grad(inputs)))
+    x = np.asarray(inputs["x"], dtype=np.float64)
+    axes = geometry(case).group_axes
+    var = x.var(axis=axes).reshape(-1)
+    count = case.rows
+    f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
+    out["running_var"] = batch_norm.running_update(
+        case, f64, x.mean(axis=axes).reshape(-1), var * ((count - 1) / count)
+    )["running_var"]
+    return out
+
+
+def rounded_xhat(case: Case, inputs: Arrays) -> Arrays:
+    """An RMSNorm that rounds xhat to the activation dtype before the weight multiplies it
+    (``weight * xhat.to(input_dtype)``, LlamaRMSNorm and its kin): y = w * round(xhat) and
+    dweight = sum(dy * round(xhat))."""
+    if case.op not in RMS_OPS:
+        raise ModelError(f"rounded_xhat models {', '.join(sorted(RMS_OPS))}, not op={case.op}")
+    geo, f64, x = _view(case, inputs)
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=geo.group_axes, keepdims=True) + case.eps)
+    xhat = round_to(x * rstd, case.dtype).astype(np.float64)
+    out = dict(oracle.evaluate(case, inputs, grad=_grad(inputs)))
+    out["y"] = (xhat * _scale(case, f64, geo.param_shape)).reshape(case.shape)
+    if _grad(inputs) and case.weight:
+        out["dweight"] = (f64["dy"].reshape(geo.shape) * xhat).sum(axis=geo.reduce_axes).reshape(-1)
+    return out
+
+
+def weight_grad_in_dtype(case: Case, inputs: Arrays) -> Arrays:
+    """Float32 parameters read through a cast to the activation dtype (Keras' autocast under a mixed
+    policy): their gradients flow back through that cast and come out rounded to it."""
+    out = dict(oracle.evaluate(case, inputs, grad=_grad(inputs)))
+    for name in ("dweight", "dbias"):
+        if name in out:
+            out[name] = round_to(out[name], case.dtype).astype(np.float64)
     return out
 
 
@@ -115,6 +326,15 @@ MODELS: dict[str, Model] = {
     "momentum_zero": momentum_zero,
     "momentum_float32": momentum_float32,
     "half_statistics": half_statistics,
+    "variance_path_underflow": variance_path_underflow,
+    "exact_sum": exact_sum,
+    "one_pass_variance": one_pass_variance,
+    "truncating_bfloat16_convert": truncating_bfloat16_convert,
+    "biased_running_var": biased_running_var,
+    "rounded_xhat": rounded_xhat,
+    "weight_grad_in_dtype": weight_grad_in_dtype,
+    "float32_execution": Narrowed("float32"),
+    "bfloat16_execution": Narrowed("bfloat16"),
 }
 
 
