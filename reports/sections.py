@@ -279,7 +279,9 @@ def _deviation_row(index: int, entry: LedgerEntry | None, stats: _Seen | None) -
         xpassed,
         measured,
         entry_ops[0] if len(entry_ops) == 1 else "",
-        f"model {entry.model}" if entry.model else f"band {entry.band[1]:g} (no model yet)",
+        f"model {entry.model}"
+        if entry.model
+        else f"band {entry.band[1]:g} (no model yet" + (f": {entry.note})" if entry.note else ")"),
     )
 
 

@@ -66,6 +66,17 @@ class _PerCase(NumpyFake):
         return super().compute(case, inputs, grad)
 
 
+@conformance.register("fake-eps-dropped")
+class EpsDropped(NumpyFake):
+    """A graph whose eps was folded away (onnxscript's optimizer drops x + c for |c| <= 1e-8)."""
+
+    name = "fake-eps-dropped"
+    ops = ROW_AND_BATCH_OPS
+
+    def rstd(self, var: F, eps: float) -> F:
+        return super().rstd(var, 0.0)
+
+
 @conformance.register("fake-float64-in-float32")
 class Float64InFloat32(NumpyFake):
     """Float64 cases computed in float32 throughout (Keras, the Hugging Face classes, OpenVINO's CPU

@@ -241,12 +241,15 @@ FAKES = {
 
 def _case(op: str, dtype: str, dist: str, **kw: object) -> Case:
     shape = kw.pop("shape", (8, 4, 6) if op == "batch_norm" else (12, 64))
-    return Case(op, shape, dtype, 1e-5, dist=dist, **kw)  # type: ignore[arg-type]
+    eps = kw.pop("eps", 1e-5)
+    return Case(op, shape, dtype, eps, dist=dist, **kw)  # type: ignore[arg-type]
 
 
 # (model, its fake, the near miss, the case, the check): the fake's failing outputs are xfailed and
 # explained by the model; the near miss fails under the same entry.
 PAIRS = [
+    ("eps_dropped", "fake-eps-dropped", "fake-eps-bfloat16",
+     _case("rms_norm", "float32", "normal", eps=1e-2), "forward"),
     ("float32_execution", "fake-float64-in-float32", "fake-float64-in-float16",
      _case("layer_norm", "float64", "normal"), "backward"),
     ("variance_path_underflow", "fake-rstd-cubed", "fake-ln-dx-no-mean-terms",

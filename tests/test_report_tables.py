@@ -99,6 +99,7 @@ def test_deviations_come_from_the_ledger_entries_the_run_recorded(tmp_path):
         "band": [1.0, 4.0],
         "reason": "beta rounds twice",
         "link": "javascript:alert(1)",
+        "note": "the order of its sums is unknown",
     }
     ledger = {"path": "/nowhere/ledger.toml", "sha256": "1" * 64, "entries": [entry]}
     d = sections.deviations(runs.load([write(tmp_path / "r.jsonl", standard_records(), ledger=ledger)]))
@@ -106,6 +107,7 @@ def test_deviations_come_from_the_ledger_entries_the_run_recorded(tmp_path):
     (row,) = d.rows
     assert row.reason == "beta rounds twice" and row.band == "1 .. 4" and row.op == "rms_norm"
     assert ("backend", "beta") in row.match and row.xfailed == 1 and row.measured == "2 .. 2"
+    assert row.explains == "band 4 (no model yet: the order of its sums is unknown)"
     assert row.link == ""  # only http(s) links are made clickable
 
 
@@ -141,7 +143,7 @@ def test_schema_1_deviations_with_the_run_ledger_show_its_entries(tmp_path):
     ledger = tmp_path / "ledger.toml"
     ledger.write_text(
         '[[deviation]]\nbackend = "beta"\ncheck = "forward"\noutput = "y"\nop = "rms_norm"\n'
-        'band = [1.0, 4.0]\nnote = "no model yet"\n'
+        'band = [1.0, 4.0]\nnote = "the order of its sums is unknown"\n'
         'reason = "beta rounds twice"\nlink = "javascript:alert(1)"\n'
     )
     sha = hashlib.sha256(ledger.read_bytes()).hexdigest()

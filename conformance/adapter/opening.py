@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
 
 from conformance.adapter.backend import Backend, BackendUnavailable, Capabilities
 from conformance.adapter.registry import BackendLoadError, Entry
@@ -28,6 +31,25 @@ EXTRAS: dict[str, str] = {
     "keras": "keras",
     "openvino": "openvino",
     "transformers": "transformers",
+}
+
+
+# The lowest release of each library the built-in adapters are tested with: the floors of pyproject's
+# extras (tests/test_backends_opening.py keeps the two equal). An older release may install and import,
+# yet compute otherwise (Keras before 3.11 takes LayerNormalization's variance in one pass on its
+# torch backend): such a backend is unavailable with that reason, not a run of surprising failures.
+FLOORS: dict[str, str] = {
+    "torch": "2.6",
+    "triton": "3.2",
+    "onnx": "1.18",
+    "onnxruntime": "1.27",
+    "onnxscript": "0.6.1",
+    "jax": "0.4.30",
+    "jaxlib": "0.4.30",
+    "flax": "0.10",
+    "keras": "3.11",
+    "openvino": "2025.0",
+    "transformers": "4.48",
 }
 
 
@@ -77,6 +99,28 @@ def _missing_dependency(entry: Entry, cause: BaseException) -> str | None:
     return f"needs {top}, which is not installed ({install})"
 
 
+def _too_old(entry: Entry, caps: Capabilities) -> str | None:
+    """For a built-in adapter: the first library it uses (every built-in adapter names the libraries it
+    runs on in its notes, with their versions) whose installed release is below its floor."""
+    if not entry.module.startswith("backends."):
+        return None  # a third party's adapter states its own requirements
+    for library, floor in FLOORS.items():
+        if library not in caps.notes:
+            continue
+        try:
+            installed = metadata.version(library)
+            old = Version(installed) < Version(floor)
+        except (metadata.PackageNotFoundError, InvalidVersion):
+            continue
+        if old:
+            extra = EXTRAS.get(library, library)
+            return (
+                f"needs {library}>={floor}, {installed} is installed "
+                f"(pip install --upgrade 'normconf[{extra}]')"
+            )
+    return None
+
+
 def open_backend(entry: Entry) -> Opened:
     """Load ``entry`` and ask its capabilities; any failure becomes an Absent with its reason."""
     name = entry.name
@@ -100,4 +144,7 @@ def open_backend(entry: Entry) -> Opened:
     if not isinstance(caps, Capabilities):
         what = type(caps).__name__
         return Absent(name, f"capabilities() returned {what}, not Capabilities", broken=True)
+    old = _too_old(entry, caps)
+    if old is not None:
+        return Absent(name, old, broken=False)
     return backend, caps

@@ -43,6 +43,14 @@ def eps_float32(case: Case, inputs: Arrays) -> Arrays:
     return oracle.evaluate(dataclasses.replace(case, eps=eps), inputs, grad=_grad(inputs))
 
 
+def eps_dropped(case: Case, inputs: Arrays) -> Arrays:
+    """A graph without its eps (onnxscript's optimizer folds x + c to x when |c| <= 1e-8): the reference
+    with eps at the smallest positive float64, so rows whose mean square is near or below the given eps
+    normalize by it alone."""
+    tiny = float(np.finfo(np.float64).smallest_subnormal)
+    return oracle.evaluate(dataclasses.replace(case, eps=tiny), inputs, grad=_grad(inputs))
+
+
 def momentum_zero(case: Case, inputs: Arrays) -> Arrays:
     """A training step that leaves the running statistics as they were (momentum 0): what
     ``torch.nn.InstanceNorm*d(momentum=None)`` passes to ``F.instance_norm``."""
@@ -323,6 +331,7 @@ def one_pass_sequential_float32(case: Case, inputs: Arrays) -> Arrays:
 MODELS: dict[str, Model] = {
     "one_pass_sequential_float32": one_pass_sequential_float32,
     "eps_float32": eps_float32,
+    "eps_dropped": eps_dropped,
     "momentum_zero": momentum_zero,
     "momentum_float32": momentum_float32,
     "half_statistics": half_statistics,

@@ -148,21 +148,24 @@ def _because(c: ComparisonRecord, entry: Deviation) -> str:
     return f"{c.output}: {entry.reason} ({how}; ledger deviation[{entry.index}])"
 
 
-def _at_worst(model: str, c: ComparisonRecord, answer: np.ndarray) -> Explanation:
+def _at_worst(
+    model: str, c: ComparisonRecord, answer: np.ndarray, within: tuple[float, float] | None = None
+) -> Explanation:
     """The model judged at the comparison's recorded worst element alone, under its recorded allowance
-    (a re-judged result whose outputs were not stored): the one element the record holds."""
+    (a re-judged result whose outputs were not stored): the one element the record holds. ``within``
+    is (atol_effective, rtol) of the dtype a narrowed model executes in, when it is not the case's."""
     if not c.worst_index or (not c.rounding_passed and c.worst_ratio <= 1.0):
         # A rounding-bias failure is a property of the whole output: one element cannot show it.
         return Explanation(model, math.inf, math.nan, False, point=True)
     m = float(np.asarray(answer)[c.worst_index])
-    tol = c.tolerance
+    recorded = (c.tolerance.atol_effective, c.tolerance.rtol)
 
-    def ratio(a: float, e: float) -> float:
-        allowed = tol.atol_effective + tol.rtol * abs(e)
+    def ratio(a: float, e: float, rule: tuple[float, float]) -> float:
+        allowed = rule[0] + rule[1] * abs(e)
         return abs(a - e) / allowed if allowed > 0 else (0.0 if a == e else math.inf)
 
-    against = ratio(c.actual_at_worst, m)
-    return Explanation(model, against, ratio(m, c.expected_at_worst), against <= 1.0, point=True)
+    against = ratio(c.actual_at_worst, m, within or recorded)
+    return Explanation(model, against, ratio(m, c.expected_at_worst, recorded), against <= 1.0, point=True)
 
 
 class _Models:
@@ -192,22 +195,16 @@ class _Models:
         name, case = c.output, self.case
         # A model of a narrower execution (models.Narrowed) is judged as that dtype's backend would be.
         runs, runs_inputs = models.execution(found, case, ev.inputs)
+        runs_dtype = output_dtype(runs, name)
+        runs_tol = ev.tolerances.lookup(runs.op, name, runs_dtype, runs.dist)
+        runs_factors = factors(runs, name, runs_inputs, answer)
         if name not in ev.actual:
-            if runs is not case:
-                return dataclasses.replace(c, explained=Explanation(entry.model, math.inf, math.nan, False))
-            return dataclasses.replace(c, explained=_at_worst(entry.model, c, answer[name]))
+            within = None if runs is case else (runs_factors.atol(runs_tol), runs_tol.rtol)
+            return dataclasses.replace(c, explained=_at_worst(entry.model, c, answer[name], within))
         dtype = output_dtype(case, name)
         tol = ev.tolerances.lookup(case.op, name, dtype, case.dist)
         scale = factors(case, name, ev.inputs, ev.expected)
-        runs_dtype = output_dtype(runs, name)
-        against = compare(
-            name,
-            ev.actual[name],
-            answer[name],
-            ev.tolerances.lookup(runs.op, name, runs_dtype, runs.dist),
-            runs_dtype,
-            factors(runs, name, runs_inputs, answer),
-        )
+        against = compare(name, ev.actual[name], answer[name], runs_tol, runs_dtype, runs_factors)
         model = compare(name, answer[name], ev.expected[name], tol, dtype, scale)
         return dataclasses.replace(
             c, explained=Explanation(entry.model, against.worst_ratio, model.worst_ratio, against.passed)

@@ -296,13 +296,20 @@ CI: tuple[Grid, ...] = (
 FULL: tuple[Grid, ...] = (
     *CI,
     Grid(
-        "the add ops' residual conventions on every distribution, every half dtype and LLM-sized rows",
+        "the add ops' residual conventions on every distribution and every half dtype",
+        {"op": ADD_OPS, "dtype": HALF, **RESIDUAL_CONVENTIONS, "dist": DISTS, "shape": ((32, 200),)},
+        {"eps": 1e-6},
+    ),
+    Grid(
+        # Not `large`: 4096 squares near 2.5e35 sum past float32's range, which no implementation with
+        # the float32 statistics the reference semantics ask for can represent (inputs.LARGE_SCALE).
+        "the add ops' residual conventions on LLM-sized rows, every half dtype",
         {
             "op": ADD_OPS,
             "dtype": HALF,
             **RESIDUAL_CONVENTIONS,
-            "dist": DISTS,
-            "shape": ((32, 200), (256, 4096)),
+            "dist": tuple(d for d in DISTS if d != "large"),
+            "shape": ((256, 4096),),
         },
         {"eps": 1e-6},
     ),
