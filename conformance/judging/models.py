@@ -83,10 +83,11 @@ def narrowed(case: Case, inputs: Arrays, dtype: str) -> tuple[Case, Arrays]:
         param_dtype=narrow(params) if case.param_dtype is not None else None,
         residual_dtype=narrow(case.residual_dtype),
     )
-    rounded = {
-        name: round_to(np.asarray(values, dtype=np.float64), dtype).astype(np.float64)
-        for name, values in inputs.items()
-    }
+    with np.errstate(over="ignore"):  # values beyond the narrower range round to inf, as the backend's do
+        rounded = {
+            name: round_to(np.asarray(values, dtype=np.float64), dtype).astype(np.float64)
+            for name, values in inputs.items()
+        }
     return narrowed_case, rounded
 
 

@@ -178,14 +178,16 @@ class _Models:
 
     def explain(self, c: ComparisonRecord, entry: Deviation) -> ComparisonRecord:
         """``c`` with the entry's model judged against it (unchanged for a band entry)."""
-        ev = self.evidence
-        if not entry.model or ev is None or c.problem:
+        if not entry.model or self.evidence is None or c.problem:
             return c
+        with np.errstate(all="ignore"):  # models emulate overflow and NaN on purpose
+            return self._explain(c, entry, self.evidence)
+
+    def _explain(self, c: ComparisonRecord, entry: Deviation, ev: Evidence) -> ComparisonRecord:
         found = models.resolve(entry.model)
         if entry.model not in self.answers:
             try:
-                with np.errstate(all="ignore"):  # a model emulates overflow and NaN on purpose
-                    self.answers[entry.model] = found(self.case, ev.inputs)
+                self.answers[entry.model] = found(self.case, ev.inputs)
             except models.ModelError:
                 # An entry may name several ops; its model speaks of some of them only.
                 self.answers[entry.model] = {}
