@@ -308,11 +308,13 @@ def weight_grad_in_dtype(case: Case, inputs: Arrays) -> Arrays:
 def one_pass_sequential_float32(case: Case, inputs: Arrays) -> Arrays:
     """LayerNorm (and the add op's) whose row mean and mean square are accumulated element by element in
     float32 and whose variance is E[x^2] - E[x]^2 (clipped at 0): on offset rows the subtraction cancels
-    most digits. ONNX Runtime's SkipLayerNormalization CPU kernel before 1.30 does this; the sequential
-    order reproduces it to the bit where a pairwise sum would not."""
+    most digits. ONNX Runtime's SkipLayerNormalization CPU kernel before 1.30 does this, on the sum
+    x + skip it forms in float32 (exact for half inputs, so the norm reads the unrounded sum there); the
+    sequential order reproduces it to the bit where a pairwise sum would not."""
     if case.op not in ("layer_norm", "add_layer_norm") or case.norm_ndim != 1:
         raise ModelError(f"one_pass_sequential_float32 models one-axis LayerNorm rows, not case {case.id}")
-    x = residual.normalized(case, inputs).astype(np.float32)
+    read = round_to(residual.exact_sum(inputs), "float32") if case.op in ADD_OPS else inputs["x"]
+    x = np.asarray(read, dtype=np.float32)
     rows = x.reshape(-1, x.shape[-1])
     total = np.zeros(rows.shape[0], np.float32)
     squares = np.zeros(rows.shape[0], np.float32)
