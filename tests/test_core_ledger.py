@@ -49,6 +49,15 @@ def test_builtin_ledger_loads():
         assert entry.model or entry.band[1] >= entry.band[0] >= (0.0 if entry.measure == "rounding" else 1.0)
 
 
+def test_builtin_entries_are_predicates_and_every_band_says_why_and_where():
+    # A built-in entry names where it applies, never a list of case ids; one without a model yet keeps
+    # its band on the platform it was measured on and says why no model explains it.
+    for entry in load_ledger().entries:
+        assert not entry.lists_cases, entry.index
+        if not entry.model:
+            assert entry.note.strip() and entry.condition.devices, entry.index
+
+
 def test_empty_file_is_an_empty_ledger(tmp_path):
     table = load_ledger(write(tmp_path, "# nothing known\n"))
     assert table.entries == ()
