@@ -115,9 +115,11 @@ def judge(
         if c.passed or not found[c.output]:
             judged.append(c)
             continue
-        # The first entry that explains the output, else the first that applies (named in the failure).
+        # The first entry whose model explains the output, else the first band that holds it, else the
+        # first that applies (named in the failure): a model's explanation is worth more than a band's.
         tries = [(e, models.explain(c, e)) for e in found[c.output]]
-        entry, tried = next(((e, t) for e, t in tries if _explained(t, e)), tries[0])
+        explaining = [(e, t) for e, t in tries if _explained(t, e)]
+        entry, tried = next((p for p in explaining if p[0].model), explaining[0] if explaining else tries[0])
         judged.append(tried)
         entries[c.output] = entry
     failing = [c for c in judged if not c.passed]
