@@ -22,7 +22,7 @@ from conformance.model.case import ADD_OPS, Case
 from conformance.model.dtypes import numpy_dtype, round_to, stats_dtype, unit_roundoff
 from conformance.model.geometry import Geometry, geometry
 from conformance.model.outputs import output_dtype
-from conformance.oracle import batch_norm
+from conformance.oracle import batch_norm, rms_norm
 
 Arrays = Mapping[str, np.ndarray]
 Model = Callable[[Case, Arrays], Arrays]
@@ -126,10 +126,10 @@ RMS_OPS = frozenset({"rms_norm", "add_rms_norm"})
 
 
 def _scale(case: Case, f64: Arrays, shape: tuple[int, ...]) -> np.ndarray | float:
-    """The effective weight broadcast to the geometry's view (1.0 without a weight)."""
-    if not case.weight:
-        return 1.0
-    return (f64["weight"] + case.weight_offset).reshape(shape)
+    """The effective weight (weight_offset + weight, as the oracle takes it) broadcast to the geometry's
+    view; 1.0 without a weight."""
+    scale = rms_norm.scale_of(case, f64)
+    return 1.0 if scale is None else scale.reshape(shape)
 
 
 def _with_grads(case: Case, out: dict[str, np.ndarray], dh: np.ndarray, f64: Arrays) -> None:
@@ -268,13 +268,12 @@ def biased_running_var(case: Case, inputs: Arrays) -> Arrays:
     if case.op != "batch_norm" or not case.training:
         raise ModelError(f"biased_running_var models a batch_norm training step, not case {case.id}")
     out = dict(oracle.evaluate(case, inputs, grad=_grad(inputs)))
-    x = np.asarray(inputs["x"], dtype=np.float64)
-    axes = geometry(case).group_axes
-    var = x.var(axis=axes).reshape(-1)
+    geo, f64, x = _view(case, inputs)
+    var = x.var(axis=geo.group_axes).reshape(-1)
     count = case.rows
-    f64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
+    # running_update unbiases the variance it is given (n / (n - 1)): hand it n - 1 / n of the biased one.
     out["running_var"] = batch_norm.running_update(
-        case, f64, x.mean(axis=axes).reshape(-1), var * ((count - 1) / count)
+        case, f64, x.mean(axis=geo.group_axes).reshape(-1), var * ((count - 1) / count)
     )["running_var"]
     return out
 

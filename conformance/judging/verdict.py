@@ -170,13 +170,17 @@ def _at_worst(
     return Explanation(model, against, ratio(m, c.expected_at_worst, recorded), against <= 1.0, point=True)
 
 
+# A model's answer, and the case and inputs whose tolerance rule judges it (models.execution).
+_Answer = tuple[Mapping[str, np.ndarray], Case, Mapping[str, np.ndarray]]
+
+
 class _Models:
     """Each model a judgement needs, evaluated once, and its answer compared like the oracle's."""
 
     def __init__(self, case: Case, evidence: Evidence | None) -> None:
         self.case = case
         self.evidence = evidence
-        self.answers: dict[str, Mapping[str, np.ndarray]] = {}
+        self.answers: dict[str, _Answer] = {}
 
     def explain(self, c: ComparisonRecord, entry: Deviation) -> ComparisonRecord:
         """``c`` with the entry's model judged against it (unchanged for a band entry)."""
@@ -185,29 +189,38 @@ class _Models:
         with np.errstate(all="ignore"):  # models emulate overflow and NaN on purpose
             return self._explain(c, entry, self.evidence)
 
-    def _explain(self, c: ComparisonRecord, entry: Deviation, ev: Evidence) -> ComparisonRecord:
-        found = models.resolve(entry.model)
-        if entry.model not in self.answers:
+    def _answer(self, name: str, ev: Evidence) -> _Answer:
+        """The model's answer (empty where it does not speak of the case's op) and the case and inputs
+        whose tolerance rule judges it, computed once per model."""
+        if name not in self.answers:
+            found = models.resolve(name)
+            runs, runs_inputs = models.execution(found, self.case, ev.inputs)
             try:
-                self.answers[entry.model] = found(self.case, ev.inputs)
+                answer = found(self.case, ev.inputs)
             except models.ModelError:
-                # An entry may name several ops; its model speaks of some of them only.
-                self.answers[entry.model] = {}
-        answer = self.answers[entry.model]
+                answer = {}  # an entry may name several ops; its model speaks of some of them only
+            self.answers[name] = (answer, runs, runs_inputs)
+        return self.answers[name]
+
+    def _explain(self, c: ComparisonRecord, entry: Deviation, ev: Evidence) -> ComparisonRecord:
+        answer, runs, runs_inputs = self._answer(entry.model, ev)
         if c.output not in answer:
             return dataclasses.replace(c, explained=Explanation(entry.model, math.inf, math.nan, False))
         name, case = c.output, self.case
-        # A model of a narrower execution (models.Narrowed) is judged as that dtype's backend would be.
-        runs, runs_inputs = models.execution(found, case, ev.inputs)
-        runs_dtype = output_dtype(runs, name)
-        runs_tol = ev.tolerances.lookup(runs.op, name, runs_dtype, runs.dist)
-        runs_factors = factors(runs, name, runs_inputs, answer)
+        narrowed = runs is not case
+        if narrowed:
+            # A model of a narrower execution (models.Narrowed) is judged as that dtype's backend would be.
+            runs_dtype = output_dtype(runs, name)
+            runs_tol = ev.tolerances.lookup(runs.op, name, runs_dtype, runs.dist)
+            runs_factors = factors(runs, name, runs_inputs, answer)
         if name not in ev.actual:
-            within = None if runs is case else (runs_factors.atol(runs_tol), runs_tol.rtol)
+            within = (runs_factors.atol(runs_tol), runs_tol.rtol) if narrowed else None
             return dataclasses.replace(c, explained=_at_worst(entry.model, c, answer[name], within))
         dtype = output_dtype(case, name)
         tol = ev.tolerances.lookup(case.op, name, dtype, case.dist)
         scale = factors(case, name, ev.inputs, ev.expected)
+        if not narrowed:  # the same rule as the oracle's comparison, factors computed from the oracle
+            runs_dtype, runs_tol, runs_factors = dtype, tol, scale
         against = compare(name, ev.actual[name], answer[name], runs_tol, runs_dtype, runs_factors)
         model = compare(name, answer[name], ev.expected[name], tol, dtype, scale)
         return dataclasses.replace(
