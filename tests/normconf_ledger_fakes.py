@@ -279,3 +279,45 @@ class Bfloat16Execution(NumpyFake):
 class Bfloat16StatisticsExecution(Bfloat16Execution):
     name = "fake-bfloat16-statistics-execution"
     bfloat16_statistics = True
+
+
+@conformance.register("fake-one-pass-unclamped")
+class OnePassUnclamped(NumpyFake):
+    """GroupNorm whose variance is E[x^2] - E[x]^2 in float32, not clamped, each group's sums taken
+    as eight float32 lanes accumulated in order and folded in halves (an AVX2 reduction): on offset
+    groups most digits cancel, on constant ones about half the residues are negative (NaN with a tiny
+    eps). ``lanes = 1`` sums element by element instead: the same formula, another rounding."""
+
+    name = "fake-one-pass-unclamped"
+    ops = frozenset({"group_norm"})
+    lanes = 8
+
+    def _sum(self, rows: F) -> F:
+        whole = rows.shape[1] - rows.shape[1] % self.lanes
+        acc = rows[:, : self.lanes].copy()
+        for start in range(self.lanes, whole, self.lanes):
+            acc = acc + rows[:, start : start + self.lanes]
+        while acc.shape[1] > 1:
+            acc = acc[:, : acc.shape[1] // 2] + acc[:, acc.shape[1] // 2 :]
+        total = acc[:, 0]
+        for k in range(whole, rows.shape[1]):
+            total = total + rows[:, k]
+        return total
+
+    def stats(self, x: F, axes: tuple[int, ...]) -> tuple[F, F]:
+        rows = x.reshape(x.shape[0] * x.shape[1], -1)
+        count = np.asarray(rows.shape[1], rows.dtype)
+        mean = self._sum(rows) / count
+        var = self._sum(rows * rows) / count - mean * mean
+        keep = (x.shape[0], x.shape[1], 1, 1)
+        return mean.reshape(keep), var.reshape(keep)
+
+    def rstd(self, var: F, eps: float) -> F:
+        with np.errstate(invalid="ignore"):  # the negative residues' NaN is the deviation
+            return super().rstd(var, eps)
+
+
+@conformance.register("fake-one-pass-unclamped-sequential")
+class OnePassUnclampedSequential(OnePassUnclamped):
+    name = "fake-one-pass-unclamped-sequential"
+    lanes = 1

@@ -3,6 +3,7 @@ each run end to end against fakes that deviate in a known way (tests/normconf_le
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import normconf_fakes
@@ -268,6 +269,8 @@ PAIRS = [
      _case("layer_norm", "bfloat16", "normal", shape=(64, 384)), "forward"),
     ("bfloat16_execution", "fake-bfloat16-execution", "fake-bfloat16-statistics-execution",
      _case("layer_norm", "float32", "offset"), "forward"),
+    ("one_pass_unclamped", "fake-one-pass-unclamped", "fake-one-pass-unclamped-sequential",
+     _case("group_norm", "float32", "offset", shape=(4, 8, 200), num_groups=8), "forward"),
 ]  # fmt: skip
 
 
@@ -287,6 +290,43 @@ def test_each_model_explains_its_deviation_and_not_a_near_miss(model, fake, near
     missed = _judged(near, case, check, model, tmp_path)
     assert missed.outcome == "failed", missed.reason
     assert f"names model {model}, which does not explain" in missed.reason
+
+
+def test_one_pass_unclamped_puts_nan_where_the_backend_does_on_constant_groups(tmp_path):
+    case = _case("group_norm", "float32", "constant", shape=(4, 8, 200), num_groups=8, eps=1e-12)
+    verdict = _judged("fake-one-pass-unclamped", case, "forward", "one_pass_unclamped", tmp_path)
+    (y,) = verdict.comparisons
+    assert verdict.outcome == "xfailed" and y.worst_ratio == np.inf and y.explained.worst_ratio < 1
+    missed = _judged("fake-one-pass-unclamped-sequential", case, "forward", "one_pass_unclamped", tmp_path)
+    assert missed.outcome == "failed"
+
+
+def test_a_bias_only_failure_keeps_the_live_explanation_of_the_same_model_when_rejudged(tmp_path):
+    """A re-judged record without stored outputs: one element cannot show a rounding bias, so the live
+    run's explanation by the entry's own model stands, and nothing else explains it."""
+    case, model = _case("layer_norm", "bfloat16", "normal", shape=(64, 384)), "truncating_bfloat16_convert"
+    live = _judged("fake-truncating-convert", case, "forward", model, tmp_path)
+    (y,) = live.comparisons
+    assert live.outcome == "xfailed" and not y.rounding_passed and y.worst_ratio <= 1.0
+
+    def rejudged(recorded: dict, named: str) -> str:
+        path = tmp_path / "entry.toml"
+        path.write_text(
+            f'[[deviation]]\nbackend = "fake-truncating-convert"\ncheck = "forward"\noutput = "y"\n'
+            f'model = "{named}"\nreason = "as the model says"\n'
+        )
+        inputs, expected = materials(case)
+        bare = dataclasses.replace(y, explained=None)
+        evidence = Evidence(inputs, expected, {}, tolerances.load(), recorded)
+        ledger = load_ledger(str(path), builtin=False)
+        fake = "fake-truncating-convert"
+        verdict = judge(fake, case, "forward", (bare,), ledger, "x", None, None, evidence)
+        return verdict.outcome
+
+    assert rejudged({"y": y.explained}, model) == "xfailed"
+    assert rejudged({}, model) == "failed"
+    assert rejudged({"y": y.explained}, "half_statistics") == "failed"
+    assert rejudged({"y": dataclasses.replace(y.explained, passed=False)}, model) == "failed"
 
 
 def test_a_narrowed_model_is_judged_under_the_tolerance_of_the_dtype_it_runs_in():

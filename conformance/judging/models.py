@@ -228,6 +228,45 @@ def one_pass_variance(case: Case, inputs: Arrays) -> Arrays:
     return _normalized_with(case, inputs, mean.astype(np.float64), 1.0 / np.sqrt(var + case.eps))
 
 
+def _lane_sums(rows: np.ndarray) -> np.ndarray:
+    """Row sums as a 256-bit vector loop computes them: one accumulator of 32 bytes of lanes (eight
+    float32, four float64) added to in order, its lanes then folded in halves (4+4, 2+2, 1+1), the
+    elements past the last full vector added one by one."""
+    width = 32 // rows.dtype.itemsize
+    whole = rows.shape[1] // width * width
+    lanes = np.zeros((rows.shape[0], width), rows.dtype)
+    for start in range(0, whole, width):
+        lanes += rows[:, start : start + width]
+    while lanes.shape[1] > 1:
+        half = lanes.shape[1] // 2
+        lanes = lanes[:, :half] + lanes[:, half:]
+    total = lanes[:, 0]
+    for column in rows[:, whole:].T:
+        total = total + column
+    return total
+
+
+def one_pass_unclamped(case: Case, inputs: Arrays) -> Arrays:
+    """GroupNorm as ONNX Runtime's CPU provider runs the ONNX GroupNormalization function body: each
+    group's mean and mean of squares by ReduceMean in the statistics' dtype (float32; float64 for
+    float64 inputs) with 256-bit lanes, Var = E[x^2] - E[x]^2 *not* clamped, sqrt(Var + eps) in that
+    dtype. On offset groups the subtraction cancels most digits; on constant groups it leaves a residue
+    that is negative for about half of them, and with a tiny eps the square root is NaN."""
+    if case.op != "group_norm":
+        raise ModelError(f"one_pass_unclamped models GroupNormalization's function body, not case {case.id}")
+    geo = geometry(case)
+    stats = numpy_dtype(stats_dtype(case.dtype))
+    rows = np.asarray(inputs["x"]).astype(stats).reshape(geo.shape[0] * geo.shape[1], -1)
+    count = stats.type(rows.shape[1])
+    mean = _lane_sums(rows) / count
+    var = _lane_sums(rows * rows) / count - mean * mean
+    std = np.sqrt(var + stats.type(case.eps))
+    shape = geo.stats_shape
+    return _normalized_with(
+        case, inputs, mean.astype(np.float64).reshape(shape), 1.0 / std.astype(np.float64).reshape(shape)
+    )
+
+
 def _truncating_bfloat16(values: np.ndarray) -> np.ndarray:
     """float32 values rounded to bfloat16 as OpenVINO's CPU plugin's Convert does it,
     (bits + ((bits & 0x10000) >> 1)) >> 16: half an ulp is added only when the kept last bit is odd, so
@@ -340,6 +379,7 @@ MODELS: dict[str, Model] = {
     "variance_path_underflow": variance_path_underflow,
     "exact_sum": exact_sum,
     "one_pass_variance": one_pass_variance,
+    "one_pass_unclamped": one_pass_unclamped,
     "truncating_bfloat16_convert": truncating_bfloat16_convert,
     "biased_running_var": biased_running_var,
     "rounded_xhat": rounded_xhat,

@@ -70,12 +70,14 @@ def compare_outputs(
 @dataclass(frozen=True)
 class Evidence:
     """What a model needs to explain an output: the case's inputs, the oracle's outputs, the backend's,
-    and the tolerance table that judged them."""
+    and the tolerance table that judged them. ``recorded`` holds, for outputs whose values were not
+    stored (a re-judged large case), the explanation the live run computed from the whole output."""
 
     inputs: Mapping[str, np.ndarray]
     expected: Mapping[str, np.ndarray]
     actual: Mapping[str, np.ndarray]
     tolerances: ToleranceTable
+    recorded: Mapping[str, Explanation] = field(default_factory=dict)
 
 
 def judge(
@@ -150,13 +152,18 @@ def _because(c: ComparisonRecord, entry: Deviation) -> str:
     return f"{c.output}: {entry.reason} ({how}; ledger deviation[{entry.index}])"
 
 
+def _bias_only(c: ComparisonRecord) -> bool:
+    """Whether the comparison failed only on its rounding bias (every element within its allowance)."""
+    return not c.rounding_passed and c.worst_ratio <= 1.0
+
+
 def _at_worst(
     model: str, c: ComparisonRecord, answer: np.ndarray, within: tuple[float, float] | None = None
 ) -> Explanation:
     """The model judged at the comparison's recorded worst element alone, under its recorded allowance
     (a re-judged result whose outputs were not stored): the one element the record holds. ``within``
     is (atol_effective, rtol) of the dtype a narrowed model executes in, when it is not the case's."""
-    if not c.worst_index or (not c.rounding_passed and c.worst_ratio <= 1.0):
+    if not c.worst_index or _bias_only(c):
         # A rounding-bias failure is a property of the whole output: one element cannot show it.
         return Explanation(model, math.inf, math.nan, False, point=True)
     m = float(np.asarray(answer)[c.worst_index])
@@ -214,6 +221,11 @@ class _Models:
             runs_tol = ev.tolerances.lookup(runs.op, name, runs_dtype, runs.dist)
             runs_factors = factors(runs, name, runs_inputs, answer)
         if name not in ev.actual:
+            before = ev.recorded.get(name)
+            if _bias_only(c) and before is not None and before.model == entry.model and before.passed:
+                # A rounding bias is a property of the whole output, which the live run had and the
+                # record has not: the same model's verdict on it stands.
+                return dataclasses.replace(c, explained=before)
             within = (runs_factors.atol(runs_tol), runs_tol.rtol) if narrowed else None
             return dataclasses.replace(c, explained=_at_worst(entry.model, c, answer[name], within))
         dtype = output_dtype(case, name)

@@ -5,7 +5,9 @@ A failed or xfailed comparison check stores the outputs it compared (``extra.out
 up to ``conformance.results.stored.ELEMENTS`` elements); the inputs and the oracle regenerate from the
 case. Such a result is compared again in full. A result without stored outputs (an older file, a large
 case) keeps its recorded figures, and a model entry is judged at its recorded worst element only: the
-backend's value there against the model's, under the recorded allowance (``explained.point``).
+backend's value there against the model's, under the recorded allowance (``explained.point``); a
+failure of the rounding bias alone, which one element cannot show, keeps the live run's explanation
+when the entry names the same model.
 """
 
 from __future__ import annotations
@@ -138,11 +140,13 @@ def _record(
         names = CHECKS[raw["check"]].outputs(case)
         comparisons = compare_outputs(case, inputs, expected, actual, names, tolerances)
         counts["stored"] += 1
+        recorded = {}
     else:
         actual = {}
+        recorded = {c.output: c.explained for c in result.comparisons if c.explained is not None}
         comparisons = tuple(dataclasses.replace(c, ledger=None, explained=None) for c in result.comparisons)
         counts["pointwise"] += 1
-    evidence = Evidence(inputs, expected, actual, tolerances)
+    evidence = Evidence(inputs, expected, actual, tolerances, recorded)
     reproduce = str(raw.get("reproduce", ""))
     verdict = judge(
         raw["backend"],
