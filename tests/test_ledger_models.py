@@ -301,6 +301,16 @@ def test_one_pass_unclamped_puts_nan_where_the_backend_does_on_constant_groups(t
     assert missed.outcome == "failed"
 
 
+def test_eps_dropped_makes_a_row_of_zeros_nan_as_the_graph_does(tmp_path):
+    case = _case("rms_norm", "float32", "zeros", eps=1e-12)
+    with np.errstate(divide="ignore", invalid="ignore"):  # the fake's 0 * (1/0), as the graph's
+        verdict = _judged("fake-eps-dropped", case, "forward", "eps_dropped", tmp_path)
+    (y,) = verdict.comparisons
+    assert verdict.outcome == "xfailed" and y.worst_ratio == np.inf and y.explained.worst_ratio == 0
+    inputs, _ = materials(case)
+    assert np.isnan(models.resolve("eps_dropped")(case, inputs)["y"]).all()
+
+
 def test_a_bias_only_failure_keeps_the_live_explanation_of_the_same_model_when_rejudged(tmp_path):
     """A re-judged record without stored outputs: one element cannot show a rounding bias, so the live
     run's explanation by the entry's own model stands, and nothing else explains it."""

@@ -46,9 +46,15 @@ def eps_float32(case: Case, inputs: Arrays) -> Arrays:
 def eps_dropped(case: Case, inputs: Arrays) -> Arrays:
     """A graph without its eps (onnxscript's optimizer folds x + c to x when |c| <= 1e-8): the reference
     with eps at the smallest positive float64, so rows whose mean square is near or below the given eps
-    normalize by it alone."""
+    normalize by it alone. An RMSNorm row of zeros has no mean square at all: the graph's 0 * (1/0) is
+    NaN there."""
     tiny = float(np.finfo(np.float64).smallest_subnormal)
-    return oracle.evaluate(dataclasses.replace(case, eps=tiny), inputs, grad=_grad(inputs))
+    out = dict(oracle.evaluate(dataclasses.replace(case, eps=tiny), inputs, grad=_grad(inputs)))
+    if case.op in RMS_OPS:
+        geo, _, x = _view(case, inputs)
+        zero_rows = np.all(x == 0, axis=geo.group_axes, keepdims=True)
+        out["y"] = np.where(np.broadcast_to(zero_rows, x.shape).reshape(case.shape), np.nan, out["y"])
+    return out
 
 
 def momentum_zero(case: Case, inputs: Arrays) -> Arrays:
