@@ -12,6 +12,7 @@ from typing import Any
 from normconf_fakes import NumpyFake
 
 import conformance
+from conformance.adapter.backend import Capabilities
 
 
 @conformance.register("fake-broken-capabilities")
@@ -36,6 +37,24 @@ class CapabilitiesOfTheWrongType(NumpyFake):
 
     def capabilities(self) -> Any:
         return {"ops": ["layer_norm"]}
+
+
+@conformance.register("fake-misspelt-capabilities")
+class MisspeltCapabilities(NumpyFake):
+    """Capabilities typed from memory: every case would be unsupported and the run would test nothing."""
+
+    name = "fake-misspelt-capabilities"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(ops=frozenset({"rmsnorm", "layer_norm"}), dtypes=frozenset({"fp32"}))
+
+
+@conformance.register("fake-rms-norm-only")
+class RmsNormOnly(NumpyFake):
+    """Declares one op: a run that selects only others executes nothing of it, which must not be green."""
+
+    name = "fake-rms-norm-only"
+    ops = frozenset({"rms_norm"})
 
 
 @conformance.register("fake-hangs-always")

@@ -11,13 +11,20 @@ import pytest
 from conformance.adapter import registry
 from conformance.adapter.opening import Absent, open_backend
 
-BROKEN = ("fake-broken-capabilities", "fake-broken-constructor", "fake-broken-capabilities-type")
+BROKEN = (
+    "fake-broken-capabilities",
+    "fake-broken-constructor",
+    "fake-broken-capabilities-type",
+    "fake-misspelt-capabilities",
+)
 REASONS = {
     "fake-broken-capabilities": "capabilities() raised TypeError: capabilities() of this adapter "
     "has a bug (at normconf_broken_fakes.py:",
     "fake-broken-constructor": "register() in normconf_broken_fakes.BrokenConstructor failed to "
     "load: RuntimeError: the adapter cannot be built (at normconf_broken_fakes.py:",
     "fake-broken-capabilities-type": "capabilities() returned dict, not Capabilities",
+    "fake-misspelt-capabilities": "capabilities() declares ops='rmsnorm' (did you mean 'rms_norm'?), "
+    "which the suite does not know; allowed: layer_norm, rms_norm,",
 }
 
 
@@ -111,3 +118,24 @@ def test_a_built_in_adapter_missing_its_library_names_the_extra(tmp_path, monkey
     opened = open_backend(_entry("needs_onnx:Adapter"))
     assert isinstance(opened, Absent) and not opened.broken
     assert "(pip install 'normconf[onnx]')" in opened.reason
+
+
+IDLE = ("-p", "normconf_broken_fakes", "--profile", "smoke", "--dtype", "float32")
+
+
+def test_a_backend_that_executed_no_check_fails_the_run_with_a_loud_line(suite):
+    run = suite(*IDLE, "--backend", "fake-rms-norm-only,fake-numpy", "--op", "layer_norm")
+    assert run.returncode == 1, run.output[-2000:]
+    assert "normconf: FAILED: backend fake-rms-norm-only executed no check (" in run.output
+    assert "op=layer_norm not in declared ops ['rms_norm']" in run.output
+    assert "backend fake-numpy executed no check" not in run.output
+    assert run.header["exitstatus"] == 1
+    assert {r["outcome"] for r in run.records if r["backend"] == "fake-rms-norm-only"} == {"unsupported"}
+    # Selecting what it declares, the same backend runs and the run is green.
+    assert suite(*IDLE, "--backend", "fake-rms-norm-only", "--op", "rms_norm").returncode == 0
+
+
+def test_one_shard_does_not_call_a_backend_idle(suite):
+    run = suite(*IDLE, "--backend", "fake-rms-norm-only", "--op", "layer_norm", "--shard", "1/2")
+    assert run.returncode == 0, run.output[-2000:]
+    assert "executed no check" not in run.output

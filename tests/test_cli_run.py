@@ -94,6 +94,27 @@ def test_run_with_a_failing_backend_exits_1_and_still_reports(tmp_path):
     assert "Failures (0)" not in text and "fake-bias-ignored" in text and "reproduce: <code>pytest" in text
 
 
+def test_run_where_a_backend_executes_no_check_exits_1_and_says_so(tmp_path):
+    status, out, err = normconf(
+        tmp_path,
+        "run",
+        "--backend",
+        "fake-rms-norm-only",
+        "--profile",
+        "smoke",
+        "--op",
+        "layer_norm",
+        "-n",
+        "0",
+        "-p",
+        "normconf_broken_fakes",
+        "-o",
+        tmp_path,
+    )
+    assert status == 1, out + err
+    assert "normconf: FAILED: backend fake-rms-norm-only executed no check" in out
+
+
 def test_run_with_an_unknown_backend_is_a_usage_error(tmp_path):
     status, _, err = normconf(
         tmp_path, "run", "--backend", "fake-nump", "-n", "0", "-p", "normconf_fakes", "-o", tmp_path

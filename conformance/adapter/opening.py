@@ -8,7 +8,9 @@ skipped) or a defect (its tests are errors), with the exception's type, message 
 
 from __future__ import annotations
 
+import difflib
 import traceback
+from collections.abc import Collection
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -17,6 +19,8 @@ from packaging.version import InvalidVersion, Version
 
 from conformance.adapter.backend import Backend, BackendUnavailable, Capabilities
 from conformance.adapter.registry import BackendLoadError, Entry
+from conformance.model.case import FEATURES, OPS
+from conformance.model.dtypes import DTYPES
 
 # The extra that installs the libraries of a built-in adapter, by the top-level module that is missing.
 EXTRAS: dict[str, str] = {
@@ -121,6 +125,40 @@ def _too_old(entry: Entry, caps: Capabilities) -> str | None:
     return None
 
 
+# Short dtype names people type from habit, for the did-you-mean of a capability.
+_DTYPE_ALIASES = {
+    "fp64": "float64",
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "half": "float16",
+}
+
+
+def _unknown_names(caps: Capabilities) -> str | None:
+    """Every capability field naming something the suite does not know (``rmsnorm``, ``fp32``): such
+    a backend would run as all-unsupported and test nothing, so it is refused as broken."""
+    fields: tuple[tuple[str, Collection[str], tuple[str, ...]], ...] = (
+        ("ops", caps.ops, OPS),
+        ("dtypes", caps.dtypes, DTYPES),
+        ("features", caps.features, FEATURES),
+    )
+    problems = []
+    for field, declared, allowed in fields:
+        unknown = sorted(str(name) for name in declared if name not in allowed)
+        if not unknown:
+            continue
+        hints = []
+        for name in unknown:
+            guess = _DTYPE_ALIASES.get(name.lower()) if field == "dtypes" else None
+            guess = guess or next(iter(difflib.get_close_matches(name, allowed, n=1)), None)
+            hints.append(f"{name!r}" + (f" (did you mean {guess!r}?)" if guess else ""))
+        problems.append(
+            f"{field}={', '.join(hints)}, which the suite does not know; allowed: {', '.join(allowed)}"
+        )
+    return f"capabilities() declares {'; '.join(problems)}" if problems else None
+
+
 def open_backend(entry: Entry) -> Opened:
     """Load ``entry`` and ask its capabilities; any failure becomes an Absent with its reason."""
     name = entry.name
@@ -144,6 +182,9 @@ def open_backend(entry: Entry) -> Opened:
     if not isinstance(caps, Capabilities):
         what = type(caps).__name__
         return Absent(name, f"capabilities() returned {what}, not Capabilities", broken=True)
+    unknown = _unknown_names(caps)
+    if unknown is not None:
+        return Absent(name, unknown, broken=True)
     old = _too_old(entry, caps)
     if old is not None:
         return Absent(name, old, broken=False)

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     bench, bench_status = _run_bench(args, out) if args.bench else ([], 0)
-    _summarize(results, bench, out, args.baseline)
+    _summarize(results, bench, out, args.baseline, args.shard)
     return 0 if status == 0 and bench_status == 0 else 1
 
 
@@ -171,10 +171,15 @@ def _run_bench(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
     return ([str(target)] if target.exists() else []), status
 
 
-def _summarize(results: Path, bench: list[str], out: Path, baseline: str | None) -> None:
+def _summarize(
+    results: Path, bench: list[str], out: Path, baseline: str | None, part: str | None = None
+) -> None:
     runs = tuple(options.load_runs([str(results)]))
     for line in summary.table(runs[0].records):
         print(line)
+    if part is None:  # one shard holds part of the cases: only the union can tell an idle backend
+        for line in summary.idle_lines(runs[0].records):
+            print(line)
     data = render.ReportInput(runs=runs, benches=tuple(options.load_benches(bench)), baseline=baseline)
     for fmt, name in (("html", "report.html"), ("md", "summary.md")):
         options.write_text(str(out / name), options.renderer(fmt)(data))

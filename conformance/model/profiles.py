@@ -102,6 +102,11 @@ SMOKE: tuple[Grid, ...] = (
         {"eps": 1e-5},
     ),
     Grid(
+        "LayerNorm and its add op without a bias: a class that has none (CohereLayerNorm) runs these",
+        {"op": ("layer_norm", "add_layer_norm"), "dtype": ("float32", "bfloat16"), "shape": ((6, 40),)},
+        {"eps": 1e-5, "bias": False},
+    ),
+    Grid(
         "BatchNorm training with a fixed momentum and the cumulative average, (N, C, L) layout",
         _bn(dtype=("float32", "bfloat16"), momentum=(0.1, None), shape=((6, 3, 5),), training=(True,)),
         {"eps": 1e-5},

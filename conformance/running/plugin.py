@@ -20,6 +20,7 @@ from conformance.model.case import Case
 from conformance.results.records import (
     FingerprintRecord,
     PropertyRecord,
+    Record,
     Result,
     from_dict,
     header,
@@ -204,15 +205,22 @@ class RunState:
         self.observation = self._observe()
         if self.settings.ledger.strict and self.observation.unobserved and exitstatus == 0:
             exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        # A backend that tested nothing fails the run; a shard holds part of the cases, so only the
+        # union of the shards can say so.
+        if exitstatus == 0 and self.config.stash[SHARD] is None and summary.idle(_typed(records)):
+            exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
         write_atomic(self.settings.results, [self._header(int(exitstatus)), *records])
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.writer or not self.records:
             return
         terminalreporter.section("normconf")
-        typed = [r for r in map(from_dict, self.records) if r is not None]
+        typed = _typed(self.records)
         for line in summary.report(typed):
             terminalreporter.write_line(line)
+        if self.config.stash[SHARD] is None:
+            for line in summary.idle_lines(typed):
+                terminalreporter.write_line(line, red=True, bold=True)
         if self.observation is not None:
             for line in observed.lines(self.settings.ledger, self.observation):
                 terminalreporter.write_line(line)
@@ -221,7 +229,7 @@ class RunState:
     def _observe(self) -> observed.Observation:
         """Which ledger entries this run's results needed, and which could have applied but did not."""
         s = self.settings
-        typed = [r for r in map(from_dict, self.records) if r is not None]
+        typed = _typed(self.records)
         devices = {
             name: opened[1].device
             for name in s.backends
@@ -293,6 +301,10 @@ class RunState:
         parts += ["--no-builtin-ledger"] if not s.ledger.builtin else []
         parts += _plugin_args(self.config)
         return shlex.join(parts)
+
+
+def _typed(records: list[dict[str, Any]]) -> list[Record]:
+    return [r for r in map(from_dict, records) if r is not None]
 
 
 def _order(record: dict[str, Any]) -> tuple[int, str, str, str]:

@@ -28,6 +28,36 @@ def counts(records: Iterable[Record]) -> dict[tuple[str, str], Counter[str]]:
     return dict(sorted(table.items()))
 
 
+# Outcomes of a check that ran (an unsupported or skipped one did not).
+EXECUTED: frozenset[str] = frozenset({"passed", "failed", "xfailed", "xpassed", "error"})
+
+
+def idle(records: Iterable[Record]) -> dict[str, tuple[int, str]]:
+    """Backends that were available yet executed no check (every result unsupported): a run that tested
+    nothing of them, e.g. capabilities that declare none of the selected ops. Backend -> (unsupported
+    results, the first one's reason). An unavailable backend (its results skipped) is not idle."""
+    seen: dict[str, Counter[str]] = {}
+    reasons: dict[str, str] = {}
+    for record in _results(records):
+        seen.setdefault(record.backend, Counter())[record.outcome] += 1
+        if record.outcome == "unsupported":
+            reasons.setdefault(record.backend, record.reason)
+    return {
+        backend: (c["unsupported"], reasons[backend])
+        for backend, c in sorted(seen.items())
+        if c["unsupported"] and not any(c[o] for o in EXECUTED)
+    }
+
+
+def idle_lines(records: Iterable[Record]) -> list[str]:
+    """One loud line per idle backend (see ``idle``)."""
+    return [
+        f"normconf: FAILED: backend {backend} executed no check ({count} unsupported, e.g. {reason}): "
+        "this run tested nothing of it"
+        for backend, (count, reason) in idle(records).items()
+    ]
+
+
 def _aligned(head: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
     rows = [list(head), *map(list, body)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
