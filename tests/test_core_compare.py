@@ -210,6 +210,19 @@ def test_exact_value_beyond_float16_max_may_round_to_inf_or_max_of_its_sign(actu
     assert negative.passed
 
 
+def test_inf_is_right_where_a_value_within_the_allowance_rounds_to_it():
+    # 65041 + 512 passes the float16 rounding boundary 65520 (max 65504 + half its ulp of 32): a value
+    # the allowance admits would round to inf, so inf of that sign is within tolerance.
+    wide = Tolerance(rtol=0.0, atol=512.0, cond=0.0, source="test rule[2]", why="hand-made")
+    assert compare("dx", np.array([-INF], dtype=np.float16), arr(-65041.0), wide, "float16").passed
+    # With 256 the admitted values stop at 65297, which rounds to a finite float16: an overflow there
+    # is a kernel that overflowed early, and fails.
+    narrow = Tolerance(rtol=0.0, atol=256.0, cond=0.0, source="test rule[3]", why="hand-made")
+    early = compare("dx", np.array([-INF], dtype=np.float16), arr(-65041.0), narrow, "float16")
+    assert not early.passed and early.worst_ratio == INF
+    assert not compare("dx", np.array([INF], dtype=np.float16), arr(-65041.0), wide, "float16").passed
+
+
 def test_overflow_to_the_opposite_sign_fails():
     c = compare("y", np.array([-INF], dtype=np.float16), arr(70000.0), QUARTER, "float16")
     assert not c.passed

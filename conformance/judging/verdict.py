@@ -170,6 +170,8 @@ def _at_worst(
     recorded = (c.tolerance.atol_effective, c.tolerance.rtol)
 
     def ratio(a: float, e: float, rule: tuple[float, float]) -> float:
+        if a == e or (math.isnan(a) and math.isnan(e)):
+            return 0.0  # the same value, or NaN where the model has NaN (as compare treats them)
         allowed = rule[0] + rule[1] * abs(e)
         return abs(a - e) / allowed if allowed > 0 else (0.0 if a == e else math.inf)
 
