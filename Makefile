@@ -62,7 +62,7 @@ bench: $(STAMP)
 # compiled for sm_80, sm_90, sm_100, gfx90a and gfx942 without a GPU, checked (no compile error, no
 # spill, shared memory within the limit, 128-bit row accesses) and tabled into docs/triton.md.
 gpu-aot: $(STAMP)
-	$(BIN)/python -m backends.triton_kernels.aot --targets all --json .normconf/gpu-aot.json --doc docs/triton.md
+	$(BIN)/python -m backends.triton.kernels.aot --targets all --json .normconf/gpu-aot.json --doc docs/triton.md
 
 # ruff, and the import contracts of pyproject.toml (the layers of docs/architecture.md).
 lint: $(STAMP)

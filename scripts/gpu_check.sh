@@ -3,7 +3,7 @@
 # triton-inplace, torch-functional, torch-nn, torch-compile) over the ci profile with the kernels
 # compiled natively, then forward and forward+backward timings (bf16, fp16; against torch-functional)
 # with GB/s, then the ahead-of-time figures of this GPU's architecture for the benchmark sweep's kernels
-# (python -m backends.triton_kernels.aot), so the static estimate and the measured GB/s sit side by side.
+# (python -m backends.triton.kernels.aot), so the static estimate and the measured GB/s sit side by side.
 #
 #   bash scripts/gpu_check.sh [--quick] [OUT_DIR]     (default .normconf/gpu-check; the device tool: $OUT)
 #
@@ -98,7 +98,7 @@ if [ "$AOT" = 1 ] && [ "$QUICK" = 0 ]; then
     cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
     case "$cap" in
         80|90|100)
-            timeout 120 "$PYTHON" -m backends.triton_kernels.aot --targets "sm_$cap" --sources sweep \
+            timeout 120 "$PYTHON" -m backends.triton.kernels.aot --targets "sm_$cap" --sources sweep \
                 --jobs "$WORKERS" --json "$OUT_DIR/aot.json" | tee "$OUT_DIR/aot.md"
             echo "ahead-of-time check exit status ${PIPESTATUS[0]} (1: a specialization failed a check, see above)";;
         *)

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.triton_kernels.aot import build
-from backends.triton_kernels.aot.launches import Arg, Launch
+from backends.triton.kernels.aot import build
+from backends.triton.kernels.aot.launches import Arg, Launch
 
 
 @triton.jit

@@ -11,7 +11,7 @@ checks must catch them.
 from __future__ import annotations
 
 import conformance
-from backends.flax_linen import FlaxLinen
+from backends.flax.linen import FlaxLinen
 from conformance.model.case import Case
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 import conformance
-from backends import hf_norms
+from backends.transformers import hf_norms
 from conformance.model.case import Case
 
 

@@ -20,8 +20,8 @@ from dataclasses import replace
 from typing import Any
 
 import conformance
-from backends._keras_plan import Plan
-from backends.keras_layers import KerasJax, KerasTorch
+from backends.keras.layers import KerasJax, KerasTorch
+from backends.keras.plan import Plan
 from conformance.adapter.backend import Inputs
 from conformance.model.case import Case
 

@@ -20,7 +20,7 @@ import dataclasses
 import onnx
 
 import conformance
-from backends.onnx_graphs import OnnxRuntime, Plan, scale_dtype
+from backends.onnx.graphs import OnnxRuntime, Plan, scale_dtype
 from conformance.adapter.backend import Inputs, Prepared
 from conformance.model.case import ADD_OPS, Case
 

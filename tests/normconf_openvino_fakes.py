@@ -12,8 +12,8 @@ same real ONNX graphs as the openvino adapter and get one translation wrong:
 from __future__ import annotations
 
 import conformance
-from backends.onnx_graphs import OnnxRuntime
-from backends.openvino_runtime import OpenVINO, OpenVINOPrepared
+from backends.onnx.graphs import OnnxRuntime
+from backends.openvino.runtime import OpenVINO, OpenVINOPrepared
 from conformance.adapter.backend import Inputs
 from conformance.model.case import Case
 

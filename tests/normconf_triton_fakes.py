@@ -6,7 +6,7 @@ Loaded into a conformance run with ``-p normconf_triton_fakes`` (tests/ on PYTHO
 - A real @triton.jit LayerNorm kernel whose broken build lets the padded lanes of a power-of-two block
   enter the variance, the classic masked-lane bug: exact when the row fills the block and wrong for
   every other row length.
-- The triton backend's own GroupNorm kernels (backends/triton_kernels/group_norm.py) wired two wrong
+- The triton backend's own GroupNorm kernels (backends/triton/kernels/group_norm.py) wired two wrong
   ways: statistics per channel instead of per group (the kernel launched with C groups; exact only
   when G = C), and dweight reduced with the group left out of the channel mapping (the per-(sample,
   channel) sums viewed as rows of C/G channels, so channel k of every group adds into one value;
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 import conformance
-from backends.triton_kernels import blocks, mode
+from backends.triton.kernels import blocks, mode
 from conformance.adapter.backend import Capabilities
 from conformance.model.case import Case
 
@@ -35,11 +35,11 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from backends import _torch_common as common  # noqa: E402
-from backends.triton_backend import TritonInPlaceBackend  # noqa: E402
-from backends.triton_kernels import functions as F  # noqa: E402
-from backends.triton_kernels.group_norm import channel_sums, group_norm_fwd  # noqa: E402
-from backends.triton_kernels.reduce import column_sum  # noqa: E402
+from backends.common import torch_support as common  # noqa: E402
+from backends.triton.backend import TritonInPlaceBackend  # noqa: E402
+from backends.triton.kernels import functions as F  # noqa: E402
+from backends.triton.kernels.group_norm import channel_sums, group_norm_fwd  # noqa: E402
+from backends.triton.kernels.reduce import column_sum  # noqa: E402
 
 
 @triton.jit

@@ -23,8 +23,8 @@ from conformance.model.inputs import make_inputs
 from conformance.model.outputs import produced
 
 pytest.importorskip("flax")
-jc = pytest.importorskip("backends._jax_common")
-flax_linen = pytest.importorskip("backends.flax_linen")
+jc = pytest.importorskip("backends.common.jax_support")
+flax_linen = pytest.importorskip("backends.flax.linen")
 nn = pytest.importorskip("flax.linen")
 jnp = pytest.importorskip("jax.numpy")
 

@@ -18,7 +18,7 @@ from conformance.model.inputs import make_inputs
 
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
-hf = pytest.importorskip("backends.hf_norms")
+hf = pytest.importorskip("backends.transformers.hf_norms")
 
 RMS = ["hf-llama", "hf-gemma", "hf-t5", "hf-olmo2"]
 

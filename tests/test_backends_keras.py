@@ -38,9 +38,9 @@ from conformance.model.dtypes import round_to
 from conformance.model.inputs import make_inputs
 from conformance.model.outputs import forward_outputs, grad_outputs, training_outputs
 
-keras_layers = pytest.importorskip("backends.keras_layers")
-plans = pytest.importorskip("backends._keras_plan")
-child = pytest.importorskip("backends._keras_child")
+keras_layers = pytest.importorskip("backends.keras.layers")
+plans = pytest.importorskip("backends.keras.plan")
+child = pytest.importorskip("backends.keras.child")
 pytest.importorskip("torch")
 # Not importorskip("keras"): importing keras before its backend is claimed would fix it (or fail).
 if importlib.util.find_spec("keras") is None:
@@ -160,7 +160,7 @@ def test_group_normalization_groups_and_affine_switches(op, groups):
     assert set(plan.variables) == {"beta"} and dict(plan.grads) == {"dbias": "beta"}
     assert plan.training is None  # GroupNormalization.call takes no training flag
     if HERE == "torch":
-        from backends import _keras_run
+        from backends.keras import run as _keras_run
 
         layer = _keras_run.build_layer(_plan(_op_case(op)))
         assert layer.groups == (3 if op == "group_norm" else 6) and layer.axis == 1
@@ -280,7 +280,7 @@ def test_which_layers_autocast_a_float32_input(op):
         pytest.skip("the torch backend runs in a child process here")
     import torch
 
-    from backends import _keras_run
+    from backends.keras import run as _keras_run
 
     case = Case(op, (4, 24), "bfloat16", 1e-5)
     layer = _keras_run.build_layer(_plan(case))
@@ -307,7 +307,7 @@ def _fresh_python(code: str, **env: str) -> str:
 
 def test_the_first_adapter_to_ask_claims_the_process():
     code = (
-        "from backends.keras_layers import KerasJax, KerasTorch; import os;"
+        "from backends.keras.layers import KerasJax, KerasTorch; import os;"
         "print(KerasJax().runs_here(), KerasTorch().runs_here(), os.environ['KERAS_BACKEND'])"
     )
     assert _fresh_python(code) == "True False jax"
@@ -615,7 +615,7 @@ def test_a_request_abandoned_by_the_suite_does_not_block_the_next(worker):
 
 def test_the_child_exits_with_its_parent():
     code = (
-        "import os; from backends._keras_child import Worker; from backends._keras_plan import plan;"
+        "import os; from backends.keras.child import Worker; from backends.keras.plan import plan;"
         "from conformance.model.case import Case; from conformance.model.inputs import make_inputs;"
         "case = Case('layer_norm', (2, 8), 'float32', 1e-5); inputs = make_inputs(case, grad=False);"
         "w = Worker('jax'); w.prepare(plan(case, inputs, None), {'x': inputs['x']}, False);"

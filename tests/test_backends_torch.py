@@ -24,9 +24,9 @@ from conformance.running import checks
 from conformance.running.settings import load_ledger
 
 torch = pytest.importorskip("torch")
-common = pytest.importorskip("backends._torch_common")
-torch_eager = pytest.importorskip("backends.torch_eager")
-torch_nn = pytest.importorskip("backends.torch_nn")
+common = pytest.importorskip("backends.common.torch_support")
+torch_eager = pytest.importorskip("backends.torch.eager")
+torch_nn = pytest.importorskip("backends.torch.modules")
 
 BACKENDS: dict[str, Backend] = {
     "torch-eager": torch_eager.TorchEager(),
@@ -496,7 +496,7 @@ class _GroupNormWithoutBiasArgument(torch.nn.GroupNorm):
 def test_modules_without_a_bias_argument_compute_the_same(bias):
     """torch-nn passes ``bias=`` only where the installed torch's module takes it; elsewhere the bias
     parameter is removed, which gives the same module (the H200 image's torch 2.11 has no ``bias=``)."""
-    from backends.torch_nn import with_bias
+    from backends.torch.modules import with_bias
 
     case = Case("group_norm", (2, 6, 5), "float32", 1e-5, bias=bias, num_groups=3)
     new = with_bias(torch.nn.GroupNorm, case, 3, 6, eps=1e-5, affine=True)

@@ -17,8 +17,8 @@ from conformance.model.inputs import make_inputs
 
 torch = pytest.importorskip("torch")
 F = pytest.importorskip("torch.nn.functional")
-torch_eager = pytest.importorskip("backends.torch_eager")
-torch_nn = pytest.importorskip("backends.torch_nn")
+torch_eager = pytest.importorskip("backends.torch.eager")
+torch_nn = pytest.importorskip("backends.torch.modules")
 
 BACKENDS: dict[str, Backend] = {
     "torch-eager": torch_eager.TorchEager(),

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from conformance.bench import bytemodel, sweep
+from conformance.bench import bytemodel
+from conformance.model import sweep
 from conformance.model.case import Case
 from conformance.results import benchjson
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from conformance.bench import sweep, timing
-from conformance.model import profiles
+from conformance.bench import timing
+from conformance.model import profiles, sweep
 
 
 def test_sweep_covers_ops_dtypes_hidden_sizes_and_decode_rows() -> None:

@@ -12,8 +12,11 @@ from normconf_group_fakes import GroupFake
 
 import conformance
 from conformance import oracle
-from conformance.fingerprint import QUESTIONS, ask, classify, judge
+from conformance.fingerprint import QUESTIONS, ask, classify, judge, sums
 from conformance.fingerprint.emulate import REFERENCE, emulate
+from conformance.model.case import Case
+from conformance.model.dtypes import round_to
+from conformance.model.inputs import make_inputs
 from conformance.results.records import load
 from conformance.running import checks
 
@@ -334,3 +337,34 @@ def test_suite_run_records_fingerprints_and_properties_and_prints_their_tables(s
 def test_default_eps_is_found_whatever_the_normalization_variance(fake):
     for name in _asked(fake, DEFAULT_EPS):
         assert ask(fake, fake.capabilities(), QUESTIONS[name], timeout=30).answer == "1e-05", name
+
+
+def _oracle_sum_y(case: Case, inputs: dict, norm_input: str) -> np.ndarray:
+    y = oracle.evaluate(dataclasses.replace(case, norm_input=norm_input), inputs, grad=False)["y"]
+    return round_to(y, case.dtype)
+
+
+def test_sum_read_tells_the_sums_apart() -> None:
+    case = Case("add_rms_norm", (16, 64), "bfloat16", 1e-6)
+    inputs = make_inputs(case, grad=False)
+    rounded, exact = (_oracle_sum_y(case, inputs, name) for name in ("rounded", "exact"))
+    assert sums.sum_read(case, inputs, rounded)["sum_normalized"] == "rounded"
+    assert sums.sum_read(case, inputs, exact)["sum_normalized"] == "exact"
+    half = np.where(np.arange(rounded.size).reshape(rounded.shape) % 2 == 0, rounded, exact)
+    assert sums.sum_read(case, inputs, half)["sum_normalized"] == "mixed"
+    # A float32 stream stores the sum it normalizes: nothing to read.
+    stream = dataclasses.replace(case, residual_dtype="float32")
+    assert sums.sum_read(stream, make_inputs(stream, grad=False), rounded) == {}
+
+
+@pytest.mark.parametrize(("backend", "answer"), [("fake-numpy", "rounded"), ("fake-exact-sum", "exact")])
+def test_every_backends_add_op_results_say_which_sum_it_normalized(suite, backend, answer):
+    run = suite(
+        "-p", "normconf_ledger_fakes", "--backend", backend, "--profile", "smoke",
+        "--op", "add_rms_norm", "--dtype", "bfloat16", "-k", "test_forward",
+    )  # fmt: skip
+    asked = [r for r in run.records if r["check"] == "forward" and r["case"].get("norm_input") is None]
+    forward = [r for r in asked if r["case"].get("residual_dtype") is None]  # a half stream, the stored sum
+    read = [r["extra"]["info"]["sum_normalized"] for r in forward]
+    # Rows where the two sums' outputs round alike (constant rows) cannot tell them apart.
+    assert answer in read and set(read) <= {answer, "indistinguishable"}, run.output[-2000:]

@@ -47,9 +47,9 @@ def test_wheel_in_a_fresh_venv_runs_both_commands_from_an_empty_folder(tmp_path)
         names = archive.getnames()
     assert any(n.endswith("conformance/judging/tolerances.toml") for n in names)
     assert any(n.endswith("reports/templates/report.html.j2") for n in names)
-    # `python -m backends.triton_kernels.aot` (README) runs from the installed package.
+    # `python -m backends.triton.kernels.aot` (README) runs from the installed package.
     with zipfile.ZipFile(wheel) as archive:
-        assert "backends/triton_kernels/aot/__main__.py" in archive.namelist()
+        assert "backends/triton/kernels/aot/__main__.py" in archive.namelist()
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], tmp_path)

@@ -17,8 +17,8 @@ from conformance.model.inputs import make_inputs
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
-export = pytest.importorskip("backends.onnx_export")
-_ort = pytest.importorskip("backends._ort")
+export = pytest.importorskip("backends.onnx.export")
+_ort = pytest.importorskip("backends.common.ort_support")
 
 CPU = _ort.provider() == "CPUExecutionProvider"
 

@@ -19,8 +19,8 @@ from conformance.model.inputs import make_inputs
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-graphs = pytest.importorskip("backends.onnx_graphs")
-_ort = pytest.importorskip("backends._ort")
+graphs = pytest.importorskip("backends.onnx.graphs")
+_ort = pytest.importorskip("backends.common.ort_support")
 
 CPU = _ort.provider() == "CPUExecutionProvider"
 # Test-local bound, in units of the parameter dtype's roundoff: the translated running variance rounds

@@ -19,9 +19,9 @@ from conformance.model.inputs import make_inputs
 ort_state = pytest.importorskip("onnxruntime.capi.onnxruntime_pybind11_state")
 pytest.importorskip("onnxruntime.transformers")
 pytest.importorskip("onnxscript")
-optimized = pytest.importorskip("backends.onnx_optimized")
-export = pytest.importorskip("backends.onnx_export")
-_ort = pytest.importorskip("backends._ort")
+optimized = pytest.importorskip("backends.onnx.optimized")
+export = pytest.importorskip("backends.onnx.export")
+_ort = pytest.importorskip("backends.common.ort_support")
 
 CPU = _ort.provider() == "CPUExecutionProvider"
 

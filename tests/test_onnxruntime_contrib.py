@@ -21,8 +21,8 @@ from conformance.model.outputs import forward_outputs
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-contrib = pytest.importorskip("backends.onnxruntime_contrib")
-_ort = pytest.importorskip("backends._ort")
+contrib = pytest.importorskip("backends.onnx.contrib")
+_ort = pytest.importorskip("backends.common.ort_support")
 
 CPU = _ort.provider() == "CPUExecutionProvider"
 TOLERANCES = load()

@@ -165,7 +165,7 @@ def test_list_backends_shows_origin_availability_and_capabilities(suite):
     run = suite("--list-backends")
     assert run.returncode == 0, run.output[-2000:]
     text = run.output
-    assert "torch-nn\n  origin: entry point backends.torch_nn:TorchNN from normconf" in text
+    assert "torch-nn\n  origin: entry point backends.torch.modules:TorchNN from normconf" in text
     assert "fake-numpy\n  origin: register() in normconf_fakes.NumpyFake" in text
     assert "fake-unavailable" in text and "available: no (needs a device this machine does not have)" in text
     assert re.search(r"\ntorch-nn\n(?:  .*\n)*?  features: backward, [^\n]*momentum_none", text), text[:3000]

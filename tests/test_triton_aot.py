@@ -50,7 +50,7 @@ def _run(args: list[str], timeout: int = 600, **env: str) -> subprocess.Complete
 @pytest.fixture(scope="module")
 def subset(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
     out = tmp_path_factory.mktemp("aot") / "aot.json"
-    args = ["-m", "backends.triton_kernels.aot", "--targets", "sm_90,gfx942", "--sources", "ci"]
+    args = ["-m", "backends.triton.kernels.aot", "--targets", "sm_90,gfx942", "--sources", "ci"]
     done = _run([*args, "--sample", "3", "--variants", "--jobs", "2", "--json", str(out)])
     return done, json.loads(out.read_text()) if out.exists() else {}
 
@@ -77,7 +77,7 @@ def test_the_fast_subset_compiles_and_passes_every_check(subset):
 def test_amd_occupancy_agrees_with_llvm(subset):
     """LLVM states the waves per SIMD its register use allows; targets.py computes the same."""
     _, data = subset
-    from backends.triton_kernels.aot import targets
+    from backends.triton.kernels.aot import targets
 
     gfx942 = targets.TARGETS["gfx942"]
     for r in data["results"]["gfx942"]:
@@ -88,9 +88,9 @@ def test_amd_occupancy_agrees_with_llvm(subset):
 
 _FAKES = """
 import json
-from backends.triton_kernels import mode
+from backends.triton.kernels import mode
 mode.compile_only()
-from backends.triton_kernels.aot import build, targets
+from backends.triton.kernels.aot import build, targets
 import normconf_aot_fakes as F
 for name in ("sm_90", "gfx942"):
     for fake, launch in F.LAUNCHES.items():
@@ -120,10 +120,10 @@ def test_the_checks_catch_each_broken_kernel():
 
 _LAUNCHES = """
 import json, math
-from backends.triton_kernels import mode, blocks
+from backends.triton.kernels import mode, blocks
 mode.compile_only()
-from backends import triton_backend
-from backends.triton_kernels.aot import launches
+from backends.triton import backend as triton_backend
+from backends.triton.kernels.aot import launches
 from conformance.model.case import Case
 pol = blocks.native_policy(132, blocks.NVIDIA_MAX_REGISTERS)
 cases = [
@@ -137,13 +137,13 @@ for case in cases:
         got = [(l.name, l.kwargs.get("BLOCK_M"), l.kwargs.get("BLOCK_N"), l.warps, l.programs, l.backward,
                 l.kwargs.get("maxnreg")) for l in launches.launches(case, backend, pol)]
         print(json.dumps({"case": case.id, "backend": backend, "launches": got}))
-    prepared = triton_backend._Prepared(case, launches._tensors(case, True), True, mode.select(), pol)
+    prepared = triton_backend.TritonPrepared(case, launches._tensors(case, True), True, mode.select(), pol)
     print(json.dumps({"case": case.id, "backend": "info", "launches": dict(prepared.info())}))
 """
 
 
 def test_recorded_launches_are_the_policys():
-    from backends.triton_kernels import blocks
+    from backends.triton.kernels import blocks
     from conformance.model.case import Case
 
     done = _run(["-c", _LAUNCHES])
@@ -198,30 +198,30 @@ def test_recorded_launches_are_the_policys():
 
 
 def test_compile_only_is_refused_after_another_mode_or_with_the_interpreter():
-    done = _run(["-m", "backends.triton_kernels.aot", "--targets", "sm_90"], TRITON_INTERPRET="1")
+    done = _run(["-m", "backends.triton.kernels.aot", "--targets", "sm_90"], TRITON_INTERPRET="1")
     assert done.returncode == 2 and "TRITON_INTERPRET=1 is set" in done.stderr
-    done = _run(["-c", "from backends.triton_kernels import mode\nmode.select()\nmode.compile_only()"])
+    done = _run(["-c", "from backends.triton.kernels import mode\nmode.select()\nmode.compile_only()"])
     assert done.returncode != 0 and "was already chosen" in done.stderr
-    early = "from backends.triton_kernels import mode\nmode.select()\n"
-    early += "from backends.triton_kernels.aot import launches"
+    early = "from backends.triton.kernels import mode\nmode.select()\n"
+    early += "from backends.triton.kernels.aot import launches"
     done = _run(["-c", early])
-    assert done.returncode != 0 and "needs backends.triton_kernels.mode.compile_only() first" in done.stderr
+    assert done.returncode != 0 and "needs backends.triton.kernels.mode.compile_only() first" in done.stderr
 
 
 def test_bad_arguments_name_the_field_and_the_choices():
-    done = _run(["-m", "backends.triton_kernels.aot", "--targets", "sm_75"])
+    done = _run(["-m", "backends.triton.kernels.aot", "--targets", "sm_75"])
     assert done.returncode == 2 and "target='sm_75' is not allowed; allowed: all, sm_80" in done.stderr
-    done = _run(["-m", "backends.triton_kernels.aot", "--sources", "nightly"])
+    done = _run(["-m", "backends.triton.kernels.aot", "--sources", "nightly"])
     assert done.returncode == 2 and "source='nightly' is not allowed; allowed:" in done.stderr
 
 
 _COUNTS = """
 import json, warnings
 warnings.simplefilter("ignore")
-from backends.triton_kernels import mode
+from backends.triton.kernels import mode
 mode.compile_only()
 from collections import Counter
-from backends.triton_kernels.aot import run, targets
+from backends.triton.kernels.aot import run, targets
 out = {}
 for target in targets.TARGETS.values():
     out[target.name] = Counter(f.kernel for f in run.specializations(target, run.SOURCES))

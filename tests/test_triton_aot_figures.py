@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from backends.triton_kernels.aot import resources, targets
-from backends.triton_kernels.aot.targets import TARGETS, occupancy
+from backends.triton.kernels.aot import resources, targets
+from backends.triton.kernels.aot.targets import TARGETS, occupancy
 
 SM80, SM90, GFX942 = TARGETS["sm_80"], TARGETS["sm_90"], TARGETS["gfx942"]
 

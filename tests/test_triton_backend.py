@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 
 from conftest import ROOT  # noqa: E402
 
-from backends import triton_backend  # noqa: E402
-from backends.triton_kernels import mode  # noqa: E402
+from backends.triton import backend as triton_backend  # noqa: E402
+from backends.triton.kernels import mode  # noqa: E402
 from conformance import BackendUnavailable, Case, Unsupported  # noqa: E402
 from conformance.adapter import listing, registry  # noqa: E402
 from conformance.judging import tolerances  # noqa: E402
@@ -265,7 +265,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_kernels_refuse_to_import_before_the_mode_is_chosen():
-    done = _python("import backends.triton_kernels.functions")
+    done = _python("import backends.triton.kernels.functions")
     assert done.returncode != 0
     assert "call select() before importing the kernels" in done.stderr
 
@@ -276,9 +276,9 @@ def test_interpreted_kernels_run_even_when_triton_was_imported_first():
     # for one); the kernels must still run interpreted.
     done = _python(
         "import torch, triton\n"
-        "from backends.triton_kernels import mode\n"
+        "from backends.triton.kernels import mode\n"
         "assert mode.select().interpreted\n"
-        "from backends.triton_kernels import functions as F\n"
+        "from backends.triton.kernels import functions as F\n"
         "x = torch.randn(5, 40, requires_grad=True)\n"
         "y = F.rms_norm(x, (40,), None, eps=1e-6)\n"
         "torch.autograd.grad(y, [x], torch.ones_like(y))\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.triton_kernels import blocks
+from backends.triton.kernels import blocks
 
 NATIVE = blocks.native_policy(132)
 

@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-from backends.triton_kernels import blocks, mode  # noqa: E402
+from backends.triton.kernels import blocks, mode  # noqa: E402
 
 DEVICE = mode.select().device
-from backends.triton_kernels import functions as F  # noqa: E402
+from backends.triton.kernels import functions as F  # noqa: E402
 
 # Forces several chunks per row, several rows per tile and a strided backward loop on small shapes.
 SMALL = blocks.Policy(max_block_n=64, tile=256, max_programs=3)

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from conformance.bench import allocator, measure, sweep
+from conformance.bench import allocator, measure
 from conformance.bench.measure import BenchConfig, BenchState
+from conformance.model import sweep
 from conformance.model.case import Case
 from conformance.running import plugin
 

@@ -20,7 +20,8 @@ import pytest
 from conformance.adapter.backend import Backend, Capabilities, Prepared, Unsupported
 from conformance.adapter.execute import with_deadline
 from conformance.adapter.opening import Absent, Opened
-from conformance.bench import allocator, bytemodel, sweep, timing
+from conformance.bench import allocator, bytemodel, timing
+from conformance.model import sweep
 from conformance.model.case import Case
 from conformance.model.inputs import for_call, make_inputs
 from conformance.running import plugin

@@ -22,6 +22,7 @@ from conformance.adapter import memory
 from conformance.adapter.backend import Backend, Capabilities, Outputs, Unsupported
 from conformance.adapter.execute import AdapterError, CallTimeout, Execution, run_backend
 from conformance.failures import bundle, shrink
+from conformance.fingerprint import sums
 from conformance.judging import messages, platform
 from conformance.judging.ledger import Ledger
 from conformance.judging.tolerances import ToleranceTable
@@ -75,7 +76,8 @@ def _compared(
     verdict = judge(
         backend.name, case, spec.name, comparisons, ctx.ledger, ctx.reproduce, execution.info, where, evidence
     )
-    verdict = dataclasses.replace(verdict, warnings=execution.warnings, info=execution.info)
+    info = {**execution.info, **(sums.sum_read(case, inputs, actual["y"]) if "y" in actual else {})}
+    verdict = dataclasses.replace(verdict, warnings=execution.warnings, info=info)
     if verdict.outcome in ("failed", "xfailed"):
         # What re-judging (normconf judge) compares again under later tolerances and ledgers.
         stored_outputs = stored.encode(actual, spec.outputs(case))

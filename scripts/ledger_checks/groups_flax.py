@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends import flax_linen
+from backends.flax import linen as flax_linen
 from conformance import oracle
 from conformance.judging import tolerances
 from conformance.judging.verdict import compare_outputs

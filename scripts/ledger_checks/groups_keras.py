@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends import keras_layers
+from backends.keras import layers as keras_layers
 from conformance import oracle
 from conformance.judging import tolerances
 from conformance.judging.verdict import compare_outputs

@@ -52,10 +52,10 @@ from conformance.model.inputs import OFFSET_KAPPA, make_inputs
 
 def backend(name: str):
     if name == "onnxruntime":
-        from backends.onnx_graphs import OnnxRuntime
+        from backends.onnx.graphs import OnnxRuntime
 
         return OnnxRuntime()
-    from backends.onnx_export import OnnxExport
+    from backends.onnx.export import OnnxExport
 
     return OnnxExport()
 
@@ -93,8 +93,8 @@ def stash64(case: Case, inputs, opset: int) -> np.ndarray:
     """The onnx-export model of ``case`` with its GroupNormalization's stash_type set to DOUBLE."""
     import torch
 
-    from backends import _ort
-    from backends import onnx_export as ex
+    from backends.common import ort_support as _ort
+    from backends.onnx import export as ex
 
     values = ex._values(case, inputs)
     model = ex._export(case, torch.float64, values, opset)
@@ -117,7 +117,7 @@ def openvino(name: str, case: Case, check: str) -> str:
     """Whether the backend's outputs are the float32 twin's (rounded by the plugin for bfloat16)."""
     import dataclasses
 
-    from backends import openvino_runtime as ovr
+    from backends.openvino import runtime as ovr
 
     make = ovr.OpenVINO if name == "openvino" else ovr.OpenVINODefault
     inputs = make_inputs(case, grad=False)

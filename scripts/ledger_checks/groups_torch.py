@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.torch_compile import TorchCompile
-from backends.torch_eager import TorchEager
-from backends.torch_nn import TorchFunctional, TorchNN
+from backends.torch.compiled import TorchCompile
+from backends.torch.eager import TorchEager
+from backends.torch.modules import TorchFunctional, TorchNN
 from conformance import oracle
 from conformance.judging import models, rounding, tolerances
 from conformance.judging.verdict import compare_outputs

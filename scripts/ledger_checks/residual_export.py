@@ -18,7 +18,7 @@ does (columns: max |actual - variant| for each, then the ratio to y's allowance
 rtol * max(1, |y|) of the worst variant-to-oracle distance; the closest is printed last).
 
 Usage: .venv/bin/python scripts/ledger_checks/residual_export.py RESULTS.jsonl...
-(run from /work/main; onnx-export-optimized is built from backends.onnx_optimized directly).
+(run from /work/main; onnx-export-optimized is built from backends.onnx.optimized directly).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from conformance.model.inputs import make_inputs
 
 def backend(name: str):
     if name == "onnx-export-optimized":
-        from backends.onnx_optimized import OnnxExportOptimized
+        from backends.onnx.optimized import OnnxExportOptimized
 
         return OnnxExportOptimized()
-    from backends.onnx_export import OnnxExport
+    from backends.onnx.export import OnnxExport
 
     return OnnxExport()
 

@@ -80,7 +80,8 @@ class Checker:
     """Reruns one backend's cases and compares them with the oracle under each suspected cause."""
 
     def __init__(self, name: str) -> None:
-        from backends import flax_linen, keras_layers
+        from backends.flax import linen as flax_linen
+        from backends.keras import layers as keras_layers
 
         self.table = tolerances.load()
         made: dict[str, Callable[[], Any]] = {
@@ -120,7 +121,7 @@ class Checker:
         return fixed, passes(fixed, failing)
 
     def _two_pass(self, case: Case, inputs: Arrays, grad: bool) -> dict[str, np.ndarray]:
-        from backends import flax_linen
+        from backends.flax import linen as flax_linen
 
         original = dict(flax_linen.MODULES)
 

@@ -53,14 +53,14 @@ BACKENDS = ("onnxruntime", "onnxruntime-contrib", "openvino", "openvino-default"
 
 def backend(name: str):
     if name == "onnxruntime":
-        from backends.onnx_graphs import OnnxRuntime
+        from backends.onnx.graphs import OnnxRuntime
 
         return OnnxRuntime()
     if name == "onnxruntime-contrib":
-        from backends.onnxruntime_contrib import OnnxRuntimeContrib
+        from backends.onnx.contrib import OnnxRuntimeContrib
 
         return OnnxRuntimeContrib()
-    from backends import openvino_runtime as ovr
+    from backends.openvino import runtime as ovr
 
     return ovr.OpenVINO() if name == "openvino" else ovr.OpenVINODefault()
 
@@ -118,8 +118,8 @@ def ortcast(case: Case, inputs) -> str:
     """Which tensor the normalization node reads in the graph ORT runs (written out unoptimized)."""
     import onnx
 
-    from backends import _ort
-    from backends import onnx_graphs as graphs
+    from backends.common import ort_support as _ort
+    from backends.onnx import graphs
 
     conventions = graphs.OnnxRuntime()
     spec = graphs.build(case, conventions.plan(case, inputs), conventions)

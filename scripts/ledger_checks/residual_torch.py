@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from backends import hf_norms
-from backends._torch_common import to_numpy
-from backends.torch_eager import LayerNorm, TorchEager
-from backends.torch_nn import TorchFunctional, TorchNN
+from backends.common.torch_support import to_numpy
+from backends.torch.eager import LayerNorm, TorchEager
+from backends.torch.modules import TorchFunctional, TorchNN
+from backends.transformers import hf_norms
 from conformance import oracle
 from conformance.fingerprint.emulate import Convention, emulate
 from conformance.judging import rounding, tolerances
@@ -58,7 +58,7 @@ GRAD_CHECKS = ("backward", "determinism", "inputs_unchanged", "aliasing")
 
 def backend(name: str) -> Any:
     if name not in BACKENDS and name == "torch-compile":
-        from backends.torch_compile import TorchCompile
+        from backends.torch.compiled import TorchCompile
 
         BACKENDS[name] = TorchCompile()
     if name not in BACKENDS:

@@ -1,0 +1,1 @@
+"""flax: Flax linen's norm layers under jax.jit, gradients through jax.vjp (opt-in)."""

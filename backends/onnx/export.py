@@ -1,0 +1,424 @@
+"""onnx-export: the torch-nn modules exported by torch.onnx.export(dynamo=True), run by ONNX Runtime.
+
+Users see what their exported models compute: the exporter picks the graph (RMSNorm decomposes into
+Pow/ReduceMean/Sqrt/... below opset 23 and becomes RMSNormalization at 23; GroupNorm is Reshape +
+InstanceNormalization + Reshape + Mul/Add below opset 21 and GroupNormalization-21 from 21; InstanceNorm
+is InstanceNormalization, and with running statistics in eval BatchNormalization over tiled
+statistics; the add ops are x + residual then nn.RMSNorm / nn.LayerNorm, or AddNormWide for the
+residual conventions of "residual in fp32" models and fused kernels). The opset comes from NORMCONF_ONNX_OPSET
+(default 18; 21 or later for GroupNormalization): one variable for every op, so one run measures one
+opset and results record it (info: opset, graph).
+One export and one session serve every case of a signature: the batch and spatial dimensions are
+dynamic and the module's parameters and buffers are lifted to graph inputs. See docs/onnx.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxscript
+import torch
+from onnx import helper
+from torch import nn
+
+from backends.common import ort_support as _ort
+from backends.common import torch_support as common
+from backends.common.translate import offset_scale
+from backends.torch.modules import MODULES
+from conformance.adapter.backend import (
+    FEATURES,
+    BackendUnavailable,
+    Capabilities,
+    Inputs,
+    Prepared,
+    Unsupported,
+)
+from conformance.model.case import ADD_OPS, CHANNEL_OPS, Case
+from conformance.model.dtypes import numpy_dtype
+
+OPSET_VARIABLE = "NORMCONF_ONNX_OPSET"
+DEFAULT_OPSET = 18
+# 18 is the dynamo exporter's base opset (lower ones go through a version converter); 23 is the newest
+# torch 2.13's exporter targets, and the first with RMSNormalization.
+OPSETS = range(18, 24)
+# Example sizes for the dynamic dimensions at export: distinct, and never 0 or 1, which torch.export
+# would specialize into constants.
+_EXAMPLE_SIZES = (2, 3, 5, 7, 11, 13)
+
+
+def opset() -> int:
+    """The opset exports target: NORMCONF_ONNX_OPSET, else 18."""
+    raw = os.environ.get(OPSET_VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_OPSET
+    value = int(raw) if raw.isdigit() else None
+    if value is None or value not in OPSETS:
+        raise BackendUnavailable(
+            f"{OPSET_VARIABLE}={raw!r} is not allowed; allowed: an integer {OPSETS.start}..{OPSETS.stop - 1}"
+            f" (default {DEFAULT_OPSET})"
+        )
+    return value
+
+
+# The torch.nn op whose module normalizes each add op's sum.
+ADD_NORMS = {"add_rms_norm": "rms_norm", "add_layer_norm": "layer_norm"}
+
+
+class AddNorm(nn.Module):
+    """An add op as torch-nn composes it: x + residual in the activation dtype, then the norm module."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        total = x + residual
+        y: torch.Tensor = self.norm(total)
+        return y, total
+
+
+@dataclass(frozen=True)
+class Stream:
+    """An add op's residual conventions in torch dtypes: the sum's dtype, the stored residual_out's
+    (the stream's), and whether the norm reads the sum before it is stored (norm_input "exact")."""
+
+    total: torch.dtype
+    stored: torch.dtype
+    exact: bool
+
+
+def stream(case: Case) -> Stream | None:
+    """The conventions of an add case beyond torch-nn's composition, or None (x + residual in the
+    activation dtype, the norm reading that stored sum): the sum in float32, or wider where x or the
+    stream is (float64)."""
+    if case.residual_dtype is None and case.norm_input == "rounded":
+        return None
+    activation, stored = common.torch_dtype(case.dtype), common.torch_dtype(case.stream_dtype)
+    total = torch.promote_types(torch.promote_types(activation, stored), torch.float32)
+    return Stream(total, stored, case.norm_input == "exact")
+
+
+class AddNormWide(nn.Module):
+    """An add op with the residual conventions of "residual in fp32" models and fused kernels:
+    h = x.float() + residual.float(); residual_out = h stored in the stream's dtype; the norm, in its
+    module's dtype (the parameters', widened to the sum's), reads the stored value ("rounded") or h
+    itself ("exact"); y is rounded once to x's dtype."""
+
+    def __init__(self, norm: nn.Module, conventions: Stream, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.norm, self.conventions, self.dtype = norm, conventions, dtype
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        wide = self.conventions
+        total = x.to(wide.total) + residual.to(wide.total)
+        stored = total.to(wide.stored)
+        y: torch.Tensor = self.norm((total if wide.exact else stored).to(self.dtype))
+        return y.to(x.dtype), stored
+
+
+def module_dtype(case: Case, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the case's module: the parameters' ``dtype``, widened to the sum's for AddNormWide
+    (its weights then hold the parameters exactly)."""
+    conventions = stream(case) if case.op in ADD_OPS else None
+    return dtype if conventions is None else torch.promote_types(dtype, conventions.total)
+
+
+Info = dict[str, str | int | float | bool]
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One export's session, its graph outputs, and what its results record."""
+
+    session: object
+    outputs: tuple[str, ...]  # graph output names, in the order of forward's results
+    info: Info
+
+
+# Exports done in this process and the seconds each took (the closing note's count and time).
+EXPORT_SECONDS: list[float] = []
+
+
+def _module(case: Case, dtype: torch.dtype) -> nn.Module:
+    # torch-nn's modules (GroupNorm and InstanceNorm included), every argument explicit.
+    module = MODULES[ADD_NORMS.get(case.op, case.op)](case, dtype, torch.device("cpu"))
+    if case.op not in ADD_OPS:
+        return module
+    conventions = stream(case)
+    return AddNorm(module) if conventions is None else AddNormWide(module, conventions, dtype)
+
+
+def _state_names(case: Case) -> dict[str, str]:
+    """Case input name -> the module's state name, for the parameters and buffers the export reads."""
+    prefix = "norm." if case.op in ADD_OPS else ""
+    names = {}
+    if case.weight or case.bias:
+        names["weight"] = prefix + "weight"  # torch.nn's one affine switch: a bias-only case has ones
+    if case.bias:
+        names["bias"] = prefix + "bias"
+    if case.track_running_stats:
+        names.update(running_mean="running_mean", running_var="running_var")
+    return names
+
+
+def _examples(
+    case: Case, shape: tuple[int, ...]
+) -> tuple[tuple[torch.Tensor, ...], tuple[dict[int, Any], ...]]:
+    """Example activations (x, and residual in the stream's dtype) of the graph's ``shape``, every
+    dimension the parameters do not fix dynamic, and their dynamic_shapes."""
+    fixed = {1} if case.op in CHANNEL_OPS else set(range(len(shape) - case.norm_ndim, len(shape)))
+    dims = {i: torch.export.Dim(f"d{i}") for i in range(len(shape)) if i not in fixed}
+    sizes = iter(_EXAMPLE_SIZES)
+    example = [shape[i] if i in fixed else next(sizes) for i in range(len(shape))]
+    dtypes = (case.dtype, case.stream_dtype) if case.op in ADD_OPS else (case.dtype,)
+    # Distinct tensors: torch.export merges an input passed twice into one graph input.
+    examples = tuple(torch.randn(example, dtype=torch.float64).to(common.torch_dtype(d)) for d in dtypes)
+    return examples, (dims,) * len(dtypes)
+
+
+class Functional(nn.Module):
+    """The module with its parameters and buffers as forward arguments (torch.func.functional_call).
+
+    The export then keeps them as graph inputs: one session serves every case of a signature, and
+    the exporter's optimizer cannot fold them into constants (it folds weight.float() of a constant
+    weight, for one). The ops are the module's own.
+    """
+
+    def __init__(self, module: nn.Module, state: tuple[str, ...], activations: int) -> None:
+        super().__init__()
+        self.module, self.state, self.activations = module, state, activations
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        values = dict(zip(self.state, args[self.activations :], strict=True))
+        result: torch.Tensor | tuple[torch.Tensor, ...] = torch.func.functional_call(
+            self.module, values, args[: self.activations]
+        )
+        return result
+
+
+def _export(
+    case: Case,
+    dtype: torch.dtype,
+    values: dict[str, np.ndarray],
+    target: int,
+    shape: tuple[int, ...] | None = None,
+) -> onnx.ModelProto:
+    """The case's module exported, its activations of ``shape`` (the case's unless given)."""
+    names = _state_names(case)
+    activations, dynamic = _examples(case, shape or case.shape)
+    state = tuple(common.to_torch(values[name], torch.device("cpu")).to(dtype) for name in names)
+    module = Functional(_module(case, dtype), tuple(names.values()), len(activations)).train(case.training)
+    inputs = ["x", "residual"][: len(activations)] + list(names)
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            # torch's exporter warns about its own internals (FutureWarnings of torch.utils._pytree)
+            # and about exporting a module in training mode, which is the case's mode on purpose:
+            # neither says anything about the case, which is judged from the graph produced.
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                module,
+                (*activations, *state),
+                dynamo=True,
+                opset_version=target,
+                input_names=inputs,
+                # forward(*args) takes one structured argument: its shapes are one tuple.
+                dynamic_shapes=((*dynamic, *(None for _ in state)),),
+                verbose=False,
+            )
+    except torch.onnx.OnnxExporterError as error:
+        if isinstance(_innermost(error), torch._dynamo.exc.UserError):
+            raise  # the adapter called torch.export wrongly: its error, never the case's
+        raise Unsupported(f"torch.onnx.export cannot express the case: {_summary(error)}") from error
+    finally:
+        EXPORT_SECONDS.append(time.perf_counter() - start)
+    assert program is not None, "torch.onnx.export(dynamo=True) returns an ONNXProgram"
+    model: onnx.ModelProto = program.model_proto
+    return model
+
+
+def node_list(model: onnx.ModelProto) -> str:
+    """The graph's distinct node types in order, "+"-joined; a non-ONNX domain prefixes its ops."""
+    names = (f"{node.domain}.{node.op_type}" if node.domain else node.op_type for node in model.graph.node)
+    return "+".join(dict.fromkeys(names))
+
+
+def _innermost(error: BaseException) -> BaseException:
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
+def _summary(error: BaseException) -> str:
+    """The first line of the innermost cause: what the exporter could not do, without its advice."""
+    cause = _innermost(error)
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}"
+
+
+def _check_outputs(case: Case, model: onnx.ModelProto) -> tuple[str, ...]:
+    """The graph outputs, or Unsupported when the export cannot show the case's results."""
+    outputs = tuple(o.name for o in model.graph.output)
+    wanted = 2 if case.op in ADD_OPS else 3 if case.training else 1
+    if len(outputs) == wanted:
+        return outputs
+    modes = [
+        helper.get_attribute_value(a)
+        for node in model.graph.node
+        if node.op_type == "BatchNormalization"
+        for a in node.attribute
+        if a.name == "training_mode"
+    ]
+    computes = {
+        "batch_norm": f"BatchNormalization with training_mode={modes[0] if modes else 0}, which normalizes"
+        " with the running statistics and updates none",
+        "instance_norm": f"{'+'.join(dict.fromkeys(n.op_type for n in model.graph.node))}, which normalizes"
+        " with the instance statistics and updates none",
+    }
+    raise Unsupported(
+        f"the export of a training-mode torch.nn {_CLASSES[case.op]} has graph outputs {list(outputs)}, not"
+        f" y and the updated running statistics: torch.onnx (onnxscript {onnxscript.__version__}) exports"
+        f" it as {computes[case.op]}"
+    )
+
+
+_CLASSES = {"batch_norm": "BatchNorm", "instance_norm": "InstanceNorm with track_running_stats"}
+
+
+def _check_valid(model: onnx.ModelProto) -> None:
+    """Unsupported when the exporter emits a model ONNX's own checker rejects (ORT would refuse it too)."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        raise Unsupported(
+            f"torch.onnx.export emits a model that fails the ONNX checker: {_summary(error)}"
+        ) from error
+
+
+class OnnxExport:
+    """torch.nn modules exported with torch.onnx.export(dynamo=True) and run by ONNX Runtime; forward only."""
+
+    name = "onnx-export"
+    graph_kind = "exported"  # what the session runs, for its messages
+
+    def __init__(self) -> None:
+        self._cache = _ort.Cache()
+
+    def target_opset(self) -> int:
+        """The opset exports target: NORMCONF_ONNX_OPSET, else 18."""
+        return opset()
+
+    def capabilities(self) -> Capabilities:
+        target = self.target_opset()
+        return _ort.capabilities(
+            # ONNX tensors have no memory format: a channels_last case would export the contiguous graph.
+            frozenset(FEATURES) - {"backward", "channels_last"},
+            {
+                "opset": f"{target} ({OPSET_VARIABLE}, default {DEFAULT_OPSET}, allowed {OPSETS.start}.."
+                f"{OPSETS.stop - 1})",
+                "exporter": f"torch.onnx.export(dynamo=True), torch {torch.__version__}, onnxscript"
+                f" {onnxscript.__version__}",
+                "training": "BatchNorm and InstanceNorm (track_running_stats) in training mode are"
+                " Unsupported where the export has no running-statistics outputs (torch 2.13 exports"
+                " BatchNorm in inference form, InstanceNorm as InstanceNormalization)",
+                "group_norm": "Reshape+InstanceNormalization+Reshape+Mul+Add below opset 21,"
+                " GroupNormalization-21 from 21 (NORMCONF_ONNX_OPSET); results record the graph",
+                "channels_last": "not declared: ONNX tensors have no memory format",
+                "residual": "add ops: x + residual in the activation dtype, then the torch.nn norm; with"
+                " residual_dtype or norm_input 'exact' the module sums in float32, stores residual_out in"
+                " the stream's dtype, normalizes the stored or the unrounded sum in float32 (parameters"
+                " widened exactly) and rounds y once to x's dtype",
+            },
+            ops=_ort.OPS | ADD_OPS,
+        )
+
+    def graph_shape(self, case: Case) -> tuple[int, ...]:
+        """The shape the graph takes the case's activations in: the case's own."""
+        return case.shape
+
+    def transform(self, case: Case, model: onnx.ModelProto) -> tuple[onnx.ModelProto, Info]:
+        """The model the session runs, and what results record of the step: the export, unchanged."""
+        return model, {}
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
+        return self.bind(case, inputs)
+
+    def bind(self, case: Case, inputs: Inputs) -> _ort.OrtPrepared:
+        """The case's session (exported once per signature) with its inputs and outputs bound."""
+        target = self.target_opset()
+        values = _values(case, inputs)
+        weights = str(values["weight"].dtype) if "weight" in values else case.weight_dtype
+        dtype = module_dtype(case, common.torch_dtype(weights))
+        # The state is fed in the module's dtype (widening is exact): the graph's inputs are typed so.
+        values = {
+            name: value.astype(numpy_dtype(str(dtype).removeprefix("torch.")))
+            for name, value in values.items()
+        }
+        # What the export depends on; leading dimensions and parameter values are run-time inputs.
+        key: tuple[object, ...] = (case.op, case.dtype, str(dtype), len(case.shape), case.param_shape)
+        key += (case.norm_ndim, case.weight, case.bias, case.eps, case.training, case.momentum, target)
+        key += (case.num_groups, case.track_running_stats, case.residual_dtype, case.norm_input)
+        exported, hit = self._cache.get(key, lambda: self._build(case, dtype, values, target))
+        assert isinstance(exported, Exported), "the cache holds Exported entries"
+        shape = self.graph_shape(case)
+        # Graph inputs carry the case's names (input_names at export): x, residual, then the state.
+        feeds = {name: inputs[name].reshape(shape) for name in ("x", "residual") if name in inputs}
+        feeds |= {name: values[name] for name in _state_names(case)}
+        names = ("y", "residual_out") if case.op in ADD_OPS else ("y", "running_mean", "running_var")
+        dtypes = _ort.output_dtypes(exported.session)
+        # Outputs in the order of the module's results (y, residual_out); a training export, were it
+        # ever to keep its running statistics, would be read as (y, running_mean, running_var) and
+        # fail its checks, never pass, if the exporter ordered them otherwise.
+        bound = tuple(
+            _ort.Bound(
+                name, graph, shape if name in ("y", "residual_out") else case.param_shape, dtypes[graph]
+            )
+            for name, graph in zip(names, exported.outputs, strict=False)
+        )
+        return _ort.OrtPrepared(exported.session, feeds, bound, {**exported.info, "cached": hit})
+
+    def _build(self, case: Case, dtype: torch.dtype, values: dict[str, np.ndarray], target: int) -> Exported:
+        model = _export(case, dtype, values, target, self.graph_shape(case))
+        export_s = EXPORT_SECONDS[-1]
+        outputs = _check_outputs(case, model)
+        _check_valid(model)
+        ops = node_list(model)
+        model, steps = self.transform(case, model)
+        what = f"the {self.graph_kind} graph ({node_list(model)}, opset {target}) with x {case.dtype}"
+        sess = _ort.session(model, what)
+        info = {**_ort.session_info(sess), "opset": target, "graph": ops, "export_s": round(export_s, 3)}
+        info |= {"torch": str(torch.__version__), "onnxscript": str(onnxscript.__version__), **steps}
+        return Exported(sess, outputs, info)
+
+
+def _values(case: Case, inputs: Inputs) -> dict[str, np.ndarray]:
+    """Parameter and buffer values as torch-nn loads them: Gemma's 1 + w held exactly (widening the
+    module's dtype when needed), and ones for the weight torch.nn keeps when only a bias is asked."""
+    values = {
+        name: inputs[name] for name in ("weight", "bias", "running_mean", "running_var") if name in inputs
+    }
+    if case.weight_offset:
+        values["weight"] = offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype)
+    elif "weight" in _state_names(case) and not case.weight:
+        values["weight"] = np.ones(case.param_shape, numpy_dtype(case.weight_dtype))
+    return values
+
+
+class OnnxExportOpset21(OnnxExport):
+    """The export at opset 21, where GroupNorm becomes one GroupNormalization-21 node, run beside the
+    default opset-18 export; only group_norm, the op whose exported graph differs between the two."""
+
+    name = "onnx-export-opset21"
+
+    def target_opset(self) -> int:
+        return 21
+
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities(), ops=frozenset({"group_norm"}))

@@ -1,0 +1,1 @@
+"""openvino, openvino-default: OpenVINO's CPU runtime running the onnx family's graphs (opt-in)."""
