@@ -20,7 +20,7 @@ import numpy as np
 from conformance.judging.bounds import bound, group_axes, per_param, view
 from conformance.model import residual
 from conformance.model.case import Case
-from conformance.oracle.layer_norm import moments
+from conformance.oracle.common import moments
 
 Arrays = Mapping[str, np.ndarray]
 # Magnitudes whose squares stay normal float64 numbers (squares overflow past 1.3e154 and become

@@ -20,7 +20,7 @@ from conformance.oracle import (
     layer_norm,
     rms_norm,
 )
-from conformance.oracle.layer_norm import Array
+from conformance.oracle.common import Array
 
 __all__ = ["ORACLES", "OpOracle", "evaluate"]
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from conformance.model.case import Case
 from conformance.oracle import residual_add, rms_norm
-from conformance.oracle.layer_norm import Array
+from conformance.oracle.common import Array
 
 
 def evaluate(case: Case, inputs: Mapping[str, Array], *, grad: bool) -> dict[str, Array]:

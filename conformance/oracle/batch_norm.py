@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from conformance.model.case import Case
-from conformance.oracle.layer_norm import (
+from conformance.oracle.common import (
     Array,
     Axes,
     affine,

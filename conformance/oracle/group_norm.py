@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from conformance.model.case import Case
 from conformance.model.geometry import Geometry, geometry
-from conformance.oracle.layer_norm import (
+from conformance.oracle.common import (
     Array,
     affine,
     centred_backward,

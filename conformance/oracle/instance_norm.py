@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from conformance.model.case import Case
 from conformance.model.geometry import geometry
 from conformance.oracle.batch_norm import momentum_factor
+from conformance.oracle.common import Array, affine, inverse_std, moments, param_grads
 from conformance.oracle.group_norm import batch_statistics, view_params
-from conformance.oracle.layer_norm import Array, affine, inverse_std, moments, param_grads
 
 
 def running_update(case: Case, inputs: Mapping[str, Array]) -> dict[str, Array]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from conformance.model import residual
 from conformance.model.case import Case
-from conformance.oracle.layer_norm import Array
+from conformance.oracle.common import Array
 
 Norm = Callable[..., dict[str, Array]]
 

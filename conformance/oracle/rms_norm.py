@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from conformance.model.case import Case
-from conformance.oracle.layer_norm import (
+from conformance.oracle.common import (
     Array,
     Axes,
     affine,
