@@ -173,7 +173,7 @@ def _at_worst(
         if a == e or (math.isnan(a) and math.isnan(e)):
             return 0.0  # the same value, or NaN where the model has NaN (as compare treats them)
         allowed = rule[0] + rule[1] * abs(e)
-        return abs(a - e) / allowed if allowed > 0 else (0.0 if a == e else math.inf)
+        return abs(a - e) / allowed if allowed > 0 else math.inf
 
     against = ratio(c.actual_at_worst, m, within or recorded)
     return Explanation(model, against, ratio(m, c.expected_at_worst, recorded), against <= 1.0, point=True)

@@ -76,7 +76,9 @@ def _compared(
     verdict = judge(
         backend.name, case, spec.name, comparisons, ctx.ledger, ctx.reproduce, execution.info, where, evidence
     )
-    info = {**execution.info, **(sums.sum_read(case, inputs, actual["y"]) if "y" in actual else {})}
+    # Which sum an add op normalized, said once per case: by its forward result.
+    read = sums.sum_read(case, inputs, actual["y"]) if spec.name == "forward" else {}
+    info = {**execution.info, **read}
     verdict = dataclasses.replace(verdict, warnings=execution.warnings, info=info)
     if verdict.outcome in ("failed", "xfailed"):
         # What re-judging (normconf judge) compares again under later tolerances and ledgers.

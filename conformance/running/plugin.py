@@ -186,6 +186,7 @@ class RunState:
         self.records: list[dict[str, Any]] = []
         self.writer = not hasattr(config, "workerinput")
         self.observation: observed.Observation | None = None
+        self.typed: list[Record] = []  # the records as typed records, read once at session finish
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not self.writer:
@@ -202,12 +203,13 @@ class RunState:
         if not self.writer or not self.records:
             return
         records = sorted(self.records, key=_order)
+        self.typed = [r for r in map(from_dict, records) if r is not None]
         self.observation = self._observe()
         if self.settings.ledger.strict and self.observation.unobserved and exitstatus == 0:
             exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
         # A backend that tested nothing fails the run; a shard holds part of the cases, so only the
         # union of the shards can say so.
-        if exitstatus == 0 and self.config.stash[SHARD] is None and summary.idle(_typed(records)):
+        if exitstatus == 0 and self.config.stash[SHARD] is None and summary.idle(self.typed):
             exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
         write_atomic(self.settings.results, [self._header(int(exitstatus)), *records])
 
@@ -215,11 +217,10 @@ class RunState:
         if not self.writer or not self.records:
             return
         terminalreporter.section("normconf")
-        typed = _typed(self.records)
-        for line in summary.report(typed):
+        for line in summary.report(self.typed):
             terminalreporter.write_line(line)
         if self.config.stash[SHARD] is None:
-            for line in summary.idle_lines(typed):
+            for line in summary.idle_lines(self.typed):
                 terminalreporter.write_line(line, red=True, bold=True)
         if self.observation is not None:
             for line in observed.lines(self.settings.ledger, self.observation):
@@ -229,13 +230,12 @@ class RunState:
     def _observe(self) -> observed.Observation:
         """Which ledger entries this run's results needed, and which could have applied but did not."""
         s = self.settings
-        typed = _typed(self.records)
         devices = {
             name: opened[1].device
             for name in s.backends
             if not isinstance(opened := self.backend(name), Absent)
         }
-        return observed.observe(s.ledger, typed, devices, None if s.cases_file else s.profile)
+        return observed.observe(s.ledger, self.typed, devices, None if s.cases_file else s.profile)
 
     def _header(self, exitstatus: int) -> dict[str, Any]:
         s = self.settings
@@ -301,10 +301,6 @@ class RunState:
         parts += ["--no-builtin-ledger"] if not s.ledger.builtin else []
         parts += _plugin_args(self.config)
         return shlex.join(parts)
-
-
-def _typed(records: list[dict[str, Any]]) -> list[Record]:
-    return [r for r in map(from_dict, records) if r is not None]
 
 
 def _order(record: dict[str, Any]) -> tuple[int, str, str, str]:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from conformance.fingerprint import QUESTIONS
 from conformance.results.records import OUTCOMES, FingerprintRecord, PropertyRecord, Record, Result
+from conformance.running.outcomes import SKIPPING
 
 
 def _results(records: Iterable[Record]) -> list[Result]:
@@ -28,8 +29,8 @@ def counts(records: Iterable[Record]) -> dict[tuple[str, str], Counter[str]]:
     return dict(sorted(table.items()))
 
 
-# Outcomes of a check that ran (an unsupported or skipped one did not).
-EXECUTED: frozenset[str] = frozenset({"passed", "failed", "xfailed", "xpassed", "error"})
+# Outcomes of a check that ran: all but the skipping ones (unsupported, skipped).
+EXECUTED: frozenset[str] = frozenset(OUTCOMES) - SKIPPING
 
 
 def idle(records: Iterable[Record]) -> dict[str, tuple[int, str]]:
