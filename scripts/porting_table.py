@@ -6,7 +6,7 @@ Without --results it first runs the fingerprint (``pytest conformance -k test_fi
 all,frameworks --profile full``) on this machine. The table between the two markers of
 docs/porting.md is replaced by ``normconf conventions RESULTS --format md``; with --check nothing is
 written and the exit status is 1 when the page's table differs from the regenerated one
-(tests/test_porting_doc.py runs that).
+(tests/project/test_porting_doc.py runs that).
 """
 
 from __future__ import annotations

@@ -153,7 +153,8 @@ class OnnxRuntimeContrib:
             "ops": ", ".join(f"{op}: {DOMAIN}.{contrib}-{DOMAIN_OPSET}" for op, contrib in OPS.items()),
             "exact_sum": "declared: for float16 and bfloat16 the CPU kernels form input + skip in float32,"
             " normalize that unrounded sum and round only input_skip_bias_sum to T (measured bit for bit,"
-            " tests/test_onnxruntime_contrib.py); float32 sums in float32. The same graph serves both"
+            " tests/backends/onnx/test_onnxruntime_contrib.py); float32 sums in float32. The same graph"
+            " serves both"
             " norm_input conventions, so the default (rounded) half cases show where the two differ",
             "weight_offset": "declared where exact: gamma = 1 + w is fed when input's type holds it exactly"
             " (checked per case), else Unsupported (the op has no offset; a rounded 1 + w is another scale)",

@@ -39,7 +39,7 @@ EXTRAS: dict[str, str] = {
 
 
 # The lowest release of each library the built-in adapters are tested with: the floors of pyproject's
-# extras (tests/test_adapter_floors.py keeps the two equal). An older release may install and import,
+# extras (tests/adapter/test_adapter_floors.py keeps the two equal). An older release may install and import,
 # yet compute otherwise (Keras before 3.11 takes LayerNormalization's variance in one pass on its
 # torch backend): such a backend is unavailable with that reason, not a run of surprising failures.
 FLOORS: dict[str, str] = {

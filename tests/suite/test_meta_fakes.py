@@ -1,0 +1,143 @@
+"""Meta-tests: every deliberately broken fake backend is caught by ``pytest conformance``.
+
+Each fake changes one thing in an otherwise correct NumPy implementation (tests/fakes/core.py);
+the suite must fail it with a message naming the output and the tolerance rule, while the correct
+fake passes everything.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from support.suite import ROOT
+
+# fake -> (check, output) that must be reported failing with a tolerance message
+BROKEN = {
+    "fake-eps-outside-sqrt": ("forward", "y"),
+    "fake-unbiased-variance": ("forward", "y"),
+    "fake-one-pass-variance": ("forward", "y"),
+    "fake-low-precision-stats": ("forward", "y"),
+    "fake-ln-dx-no-mean-terms": ("backward", "dx"),
+    "fake-bn-biased-running-var": ("training", "running_var"),
+    "fake-bias-ignored": ("forward", "y"),
+    "fake-wrong-axes": ("forward", "y"),
+}
+
+
+def _failing_outputs(record):
+    return {c["output"] for c in record["comparisons"] if c["worst_ratio"] == "inf" or c["worst_ratio"] > 1}
+
+
+def test_correct_float32_fake_passes_everything(suite):
+    run = suite("--backend", "fake-numpy", "--profile", "ci", "-n", "2")
+    assert run.returncode == 0, run.output[-3000:]
+    assert set(run.outcomes()) == {"passed"}
+    assert len(run.records) > 1000
+
+
+@pytest.mark.parametrize("fake", sorted(BROKEN))
+def test_broken_fake_is_caught(suite, fake):
+    check, output = BROKEN[fake]
+    run = suite("--backend", fake, "--profile", "smoke")
+    assert run.returncode == 1, run.output[-3000:]
+    caught = [
+        r
+        for r in run.records
+        if r["outcome"] == "failed" and r["check"] == check and output in _failing_outputs(r)
+    ]
+    assert caught, f"{fake}: no failed {check} record for {output}"
+    reason = caught[0]["reason"]
+    assert f"output '{output}' out of tolerance" in reason
+    assert "tolerances.toml rule[" in reason and "why:" in reason
+    assert f"reproduce: pytest conformance/suite/test_{check}.py::test_{check}[{fake}:" in reason.replace(
+        "'", ""
+    )
+
+
+def test_reproduce_command_reruns_exactly_that_case(suite, tmp_path):
+    run = suite("--backend", "fake-bias-ignored", "--profile", "smoke")
+    failed = next(r for r in run.records if r["outcome"] == "failed")
+    command = shlex.split(failed["reproduce"])
+    assert command[0] == "pytest"
+    rerun = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            *command,
+            "--results",
+            str(tmp_path / "again.jsonl"),
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=ROOT,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert rerun.returncode == 1
+    assert "1 failed" in rerun.stdout
+
+
+def run_env():
+    import os
+
+    from support.suite import TESTS
+
+    return {**os.environ, "PYTHONPATH": str(TESTS)}
+
+
+def test_inputs_mutated_in_place_is_caught(suite):
+    run = suite("--backend", "fake-mutates-inputs", "--profile", "smoke")
+    failed = [r for r in run.records if r["outcome"] == "failed"]
+    assert run.returncode == 1
+    # The second call sees the mutated x, so determinism fails too; single calls are still correct. The
+    # aliasing check sees the undeclared write as well.
+    assert {r["check"] for r in failed} == {"inputs_unchanged", "aliasing", "determinism"}
+    aliasing = next(r for r in failed if r["check"] == "aliasing")
+    assert "input 'x' was written by the call" in aliasing["reason"]
+    unchanged = next(r for r in failed if r["check"] == "inputs_unchanged")
+    assert "x: " in unchanged["reason"] and "changed by the call" in unchanged["reason"]
+
+
+def test_nondeterministic_output_is_caught(suite):
+    run = suite("--backend", "fake-nondeterministic", "--profile", "smoke")
+    failed = [r for r in run.records if r["outcome"] == "failed"]
+    assert run.returncode == 1
+    assert {r["check"] for r in failed} == {"determinism"}
+    assert "y: 1 of" in failed[0]["reason"] and "between two calls" in failed[0]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("fake", "message"),
+    [
+        ("fake-raises", "__call__() raised RuntimeError: kernel launch failed"),
+        ("fake-missing-output", "outputs() is missing ['y']"),
+        ("fake-wrong-shape", "output 'y' has shape (240,), expected (6, 40)"),
+        ("fake-not-array", "output 'y' is list, expected a NumPy array"),
+        ("fake-unsupported-late", "Unsupported raised from __call__(); it is honoured only from prepare()"),
+        ("fake-hangs", "did not finish within 2 s"),
+    ],
+)
+def test_misbehaving_adapter_is_that_cases_error(suite, fake, message):
+    run = suite("--backend", fake, "--profile", "smoke", "--call-timeout", "2")
+    assert run.returncode == 1
+    errors = [r for r in run.records if r["outcome"] == "error"]
+    assert errors and all(r["case"]["id"] == "layer_norm-float32-6x40-eps1e-05-normal" for r in errors)
+    assert message in errors[0]["reason"]
+    # Every other case still ran and passed: one bad case does not take the run down.
+    assert run.outcomes()["passed"] == len(run.records) - len(errors)
+
+
+def test_native_crash_in_a_worker_is_reported_and_the_run_goes_on(suite):
+    run = suite("--backend", "fake-crashes", "--profile", "smoke", "-n", "2")
+    assert run.returncode == 1
+    errors = [r for r in run.records if r["outcome"] == "error"]
+    assert errors and all(r["case"]["id"] == "layer_norm-float32-6x40-eps1e-05-normal" for r in errors)
+    assert "crashed" in errors[0]["reason"]
+    assert run.outcomes()["passed"] == len(run.records) - len(errors)
