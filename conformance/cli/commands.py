@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.cli import judge, launch, options
 from conformance.results import diff, render
-from conformance.running import shard, summary
-from conformance.running.settings import MAX_TIMEOUTS
+from conformance.running import flags, shard, summary
 
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -29,40 +28,16 @@ examples:
   normconf report out/shard1/results.jsonl out/shard2/results.jsonl -o report.html"""
 
 
-def _selection_options(p: argparse.ArgumentParser, profile: str) -> None:
-    p.add_argument("--op", help="comma list of ops (default: all in the profile)")
-    p.add_argument("--dtype", help="comma list of activation dtypes")
-    p.add_argument("--profile", default=profile, help=f"case profile: smoke, ci, full (default {profile})")
-    p.add_argument("--cases", metavar="FILE", help="JSON or TOML file of cases instead of a profile")
-    p.add_argument("--shard", metavar="K/N", help="only part K of N (whole cases, round-robin by id)")
-
-
 def build_run(sub: Sub, name: str) -> argparse.ArgumentParser:
     p = options.subparser(sub, name, "run the suite and write results and the report", RUN_HELP)
-    p.add_argument(
-        "--backend",
-        default="all",
-        help="comma list of backend names and keywords: all (default: every backend but the opt-in"
-        " ones), frameworks (the opt-in framework backends)",
-    )
-    _selection_options(p, "ci")
+    # The suite's own flags (those of pytest conformance); only the profile's default differs.
+    flags.add(p.add_argument, flags.RUN, {"profile": "ci"})
     p.add_argument(
         "-o", "--output", default=".normconf", metavar="DIR", help="output folder (default .normconf)"
     )
     p.add_argument(
         "-n", "--workers", default="auto", help="pytest-xdist workers: a number, auto (default) or 0"
     )
-    p.add_argument(
-        "--call-timeout", type=float, default=300.0, help="seconds before a backend call is an error"
-    )
-    p.add_argument(
-        "--max-timeouts",
-        type=int,
-        default=MAX_TIMEOUTS,
-        help=f"after this many hung cases a backend's remaining tests are errors at once ({MAX_TIMEOUTS})",
-    )
-    p.add_argument("--tolerances", metavar="FILE", help="tolerance file (default: the built-in matrix)")
-    options.ledger_options(p)
     p.add_argument(
         "-p",
         dest="plugin",
@@ -116,18 +91,10 @@ def _check_workers(workers: str) -> None:
 
 
 def _pytest_args(args: argparse.Namespace, results: Path) -> list[str]:
-    command = [str(launch.SUITE), "--backend", args.backend, "--results", str(results), "-q"]
-    command += ["--profile", args.profile] if not args.cases else ["--cases", args.cases]
-    for option in ("op", "dtype", "shard", "tolerances"):
-        if getattr(args, option):
-            command += [f"--{option}", getattr(args, option)]
-    command += [arg for file in args.ledger for arg in ("--ledger", file)]
-    command += [
-        flag
-        for flag in ("--no-builtin-ledger", "--strict-ledger")
-        if getattr(args, flag[2:].replace("-", "_"))
-    ]
-    command += ["--call-timeout", str(args.call_timeout), "--max-timeouts", str(args.max_timeouts)]
+    command = [str(launch.SUITE), "--results", str(results), "-q"]
+    # A cases file replaces the profile: the profile is not passed beside it.
+    passed = [flag for flag in flags.RUN if not (flag is flags.PROFILE and args.cases)]
+    command += flags.forward(args, passed)
     command += [arg for module in args.plugin for arg in ("-p", module)]
     return command + (["-n", args.workers] if args.workers != "0" else [])
 
@@ -354,7 +321,7 @@ def build_cases(sub: Sub, name: str) -> argparse.ArgumentParser:
     p = options.subparser(
         sub, name, "list the case ids a run would use", "List the cases of a profile or cases file."
     )
-    _selection_options(p, "smoke")
+    flags.add(p.add_argument, flags.SELECTION)
     p.add_argument("--json", action="store_true", help="print every case's fields as JSON")
     return p
 

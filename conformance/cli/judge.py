@@ -11,7 +11,7 @@ from conformance.judging import tolerances
 from conformance.judging.ledger import LedgerError
 from conformance.judging.tolerances import ToleranceError
 from conformance.results.records import SchemaError, write_atomic
-from conformance.running import rejudge
+from conformance.running import flags, rejudge
 from conformance.running.settings import load_ledger
 
 if TYPE_CHECKING:
@@ -35,8 +35,7 @@ def build_judge(sub: Sub, name: str) -> argparse.ArgumentParser:
     p.add_argument(
         "-o", "--output", required=True, metavar="OUTPUT", help="where to write the re-judged file"
     )
-    p.add_argument("--tolerances", metavar="FILE", help="tolerance file (default: the built-in matrix)")
-    options.ledger_options(p)
+    flags.add(p.add_argument, (flags.TOLERANCES, *flags.LEDGER_FLAGS))
     return p
 
 

@@ -7,11 +7,12 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from conformance.adapter import listing, registry
 from conformance.results import benchjson, diff, render, runs
 from conformance.results.records import SchemaError
-from conformance.running import settings, shard
+from conformance.running import flags, settings, shard
 
 EXIT_CODES = """exit status:
   0  success (run: every check passed or is a known deviation; compare: no regression)
@@ -50,43 +51,17 @@ def load_benches(paths: Sequence[str]) -> list[benchjson.BenchFile]:
         raise UsageError(str(exc)) from exc
 
 
-def ledger_options(p: argparse.ArgumentParser) -> None:
-    """--ledger (repeatable), --no-builtin-ledger and --strict-ledger, as the pytest plugin has them."""
-    p.add_argument(
-        "--ledger",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="a known-deviations file (or folder of them) added to the built-in entries; repeatable",
-    )
-    p.add_argument(
-        "--no-builtin-ledger",
-        action="store_true",
-        help="use only the --ledger files, not the built-in entries",
-    )
-    p.add_argument(
-        "--strict-ledger",
-        action="store_true",
-        help="reference runs: a ledger entry not observed here, or a listed case that passes, fails the run",
-    )
-
-
 def selection(args: argparse.Namespace, backend: str = "all") -> settings.Settings:
-    """Validate backend/op/dtype/profile/cases options the way the pytest plugin does."""
+    """Validate the run flags ``args`` has the way the pytest plugin does (the others at their defaults);
+    the backend is ``backend``: names are checked by the plugin, which also sees -p registrations."""
+    defaults = {flag.dest: flag.default for flag in flags.RUN}
+
+    def get(dest: str) -> Any:
+        return backend if dest == flags.BACKEND.dest else getattr(args, dest, defaults[dest])
+
     try:
-        return settings.build(
-            backend=backend,
-            op=args.op,
-            dtype=args.dtype,
-            profile=args.profile,
-            cases_file=args.cases,
-            results=Path("unused"),  # only pytest writes results; nothing here reads this
-            timeout=getattr(args, "call_timeout", 300.0),
-            tolerances_path=getattr(args, "tolerances", None),
-            ledger_path=getattr(args, "ledger", None),
-            builtin_ledger=not getattr(args, "no_builtin_ledger", False),
-            max_timeouts=getattr(args, "max_timeouts", settings.MAX_TIMEOUTS),
-        )
+        # Only pytest writes results; nothing here reads this path.
+        return flags.build_settings(get, Path("unused"))
     except settings.SettingsError as exc:
         raise UsageError(str(exc)) from exc
 

@@ -26,9 +26,9 @@ from conformance.results.records import (
     header,
     write_atomic,
 )
-from conformance.running import checks, observed, outcomes, shard, summary
+from conformance.running import checks, flags, observed, outcomes, shard, summary
 from conformance.running.nodeid import NODE_ID
-from conformance.running.settings import MAX_TIMEOUTS, Settings, SettingsError, build
+from conformance.running.settings import Settings, SettingsError
 
 SETTINGS = pytest.StashKey[Settings]()
 SHARD = pytest.StashKey[shard.Shard | None]()
@@ -38,76 +38,17 @@ PROPERTY = "normconf_result"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("normconf", "normconf conformance suite")
-    group.addoption(
-        "--backend",
-        default="all",
-        help="comma list of backend names and keywords: all (default: every backend but the opt-in"
-        " ones), frameworks (the opt-in framework backends)",
-    )
-    group.addoption("--op", default=None, help="comma list of ops to run (default: all in the profile)")
-    group.addoption("--dtype", default=None, help="comma list of activation dtypes to run")
-    group.addoption("--profile", default="smoke", help="case profile: smoke (default), ci, full")
-    group.addoption("--cases", default=None, help="JSON or TOML file of cases to run instead of a profile")
+    flags.add(group.addoption, flags.RUN)
     group.addoption(
         "--results", default=None, help="results file (default .normconf/results.jsonl under the rootdir)"
     )
-    group.addoption(
-        "--call-timeout", type=float, default=300.0, help="seconds before a backend call is an error"
-    )
-    group.addoption(
-        "--max-timeouts",
-        type=int,
-        default=MAX_TIMEOUTS,
-        help=f"after this many hung cases a backend's remaining tests are errors at once ({MAX_TIMEOUTS})",
-    )
-    group.addoption("--tolerances", default=None, help="tolerance file (default: the built-in matrix)")
-    group.addoption(
-        "--ledger",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="a known-deviations file (or folder of them) added to the built-in entries; repeatable",
-    )
-    group.addoption(
-        "--no-builtin-ledger",
-        action="store_true",
-        help="use only the --ledger files: the built-in known deviations are left out",
-    )
-    group.addoption(
-        "--strict-ledger",
-        action="store_true",
-        help="reference runs: a ledger entry not observed here, or a listed case that passes, fails the run",
-    )
     group.addoption("--list-backends", action="store_true", help="list backends with origin and capabilities")
-    group.addoption(
-        "--shard", default=None, help="run only part K of N (e.g. 2/4): whole cases, dealt round-robin by id"
-    )
-    group.addoption(
-        "--save-failures",
-        default=None,
-        metavar="DIR",
-        help="write a shrunk, replayable bundle for every failed or xfailed comparison check under DIR",
-    )
 
 
 def _settings(config: pytest.Config) -> Settings:
     results = config.getoption("--results")
     path = Path(results) if results else config.rootpath / ".normconf" / "results.jsonl"
-    return build(
-        backend=config.getoption("--backend"),
-        op=config.getoption("--op"),
-        dtype=config.getoption("--dtype"),
-        profile=config.getoption("--profile"),
-        cases_file=config.getoption("--cases"),
-        results=path,
-        timeout=config.getoption("--call-timeout"),
-        tolerances_path=config.getoption("--tolerances"),
-        ledger_path=config.getoption("--ledger"),
-        save_failures=config.getoption("--save-failures"),
-        max_timeouts=config.getoption("--max-timeouts"),
-        builtin_ledger=not config.getoption("--no-builtin-ledger"),
-        strict_ledger=config.getoption("--strict-ledger"),
-    )
+    return flags.build_settings(config.getoption, path)
 
 
 @pytest.hookimpl(tryfirst=True)

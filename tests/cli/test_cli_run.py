@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,10 +90,16 @@ def test_run_with_a_failing_backend_exits_1_and_still_reports(tmp_path):
         "fakes.core",
         "-o",
         tmp_path,
+        "--save-failures",
+        tmp_path / "bundles",
     )
     assert status == 1, out + err
     text = (tmp_path / "report.html").read_text()
     assert "Failures (0)" not in text and "fake-bias-ignored" in text and "reproduce: <code>pytest" in text
+    # --save-failures reaches pytest: a replayable bundle per failed comparison, named in the results.
+    failed = [r for r in runs.load([tmp_path / "results.jsonl"])[0].records if r.outcome == "failed"]
+    named = {Path(r.extra["bundle"]) for r in failed if r.check in ("forward", "backward")}
+    assert named and named == {p.parent for p in (tmp_path / "bundles").rglob("bundle.json")}
 
 
 def test_run_where_a_backend_executes_no_check_exits_1_and_says_so(tmp_path):
