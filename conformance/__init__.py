@@ -14,7 +14,7 @@ from conformance.adapter.backend import (
 )
 from conformance.adapter.registry import register
 from conformance.model.case import Case, CaseError
-from conformance.results.records import SCHEMA_VERSION
+from conformance.results.schema import SCHEMA_VERSION
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from conformance.results.records import FingerprintRecord, PropertyRecord
+from conformance.results.fingerprints import FingerprintRecord
+from conformance.results.properties import PropertyRecord
 from conformance.results.runs import Run
 from reports.tables import Column, columns, ratio_text
 

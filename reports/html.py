@@ -15,9 +15,9 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
-from conformance.results.records import OUTCOMES
 from conformance.results.render import ReportInput
 from conformance.results.runs import Run
+from conformance.results.schema import OUTCOMES
 from reports import bench, changes, conventions, sections, tables
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import itertools
 
 from conformance.results.diff import text as diff_text
-from conformance.results.records import OUTCOMES
 from conformance.results.render import ReportInput
 from conformance.results.runs import Run
+from conformance.results.schema import OUTCOMES
 from reports import changes, conventions, sections, tables
 
 MAX_FAILURES = 20

@@ -14,7 +14,8 @@ from typing import Any
 from conformance.model.case import FEATURES, OPS, Case, CaseError
 from conformance.model.dtypes import DTYPES
 from conformance.model.outputs import ACTIVATION_OUTPUTS
-from conformance.results.records import BackendInfo, ComparisonRecord, FileRef, LedgerEntry, RoundingRecord
+from conformance.results.header import BackendInfo, FileRef, LedgerEntry
+from conformance.results.result import ComparisonRecord, RoundingRecord
 from conformance.results.runs import Run
 from reports.tables import COMPARED, Column, check_order, columns, ratio_text, tagged
 

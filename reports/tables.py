@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from conformance.model.case import OPS
 from conformance.model.dtypes import DTYPES
-from conformance.results.records import Result, RoundingRecord, figure
+from conformance.results.result import Result, RoundingRecord
 from conformance.results.runs import Run, worst
+from conformance.results.schema import figure
 
 COMPARED: frozenset[str] = frozenset({"passed", "failed", "xfailed", "xpassed"})
 PROBLEMS: tuple[str, ...] = ("failed", "error", "xpassed")

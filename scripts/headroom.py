@@ -14,13 +14,13 @@ from collections import defaultdict
 
 from conformance.model.case import Case
 from conformance.model.outputs import output_dtype
-from conformance.results.records import load
+from conformance.results.records import read_results
 
 
 def main() -> None:
     figures: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for path in sys.argv[1:]:
-        for record in load(path).results:
+        for record in read_results(path).results:
             if record.outcome != "passed":
                 continue
             case = Case.from_dict(dict(record.case))

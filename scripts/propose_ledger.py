@@ -15,7 +15,7 @@ import argparse
 import math
 from collections import defaultdict
 
-from conformance.results.records import load
+from conformance.results.records import read_results
 
 
 def main() -> None:
@@ -25,7 +25,7 @@ def main() -> None:
     args = parser.parse_args()
     groups: dict[tuple[str, ...], dict[str, float]] = defaultdict(dict)
     for path in args.results:
-        for r in load(path).results:
+        for r in read_results(path).results:
             if r.outcome not in ("failed", "xfailed") or (args.backend and r.backend not in args.backend):
                 continue
             dist = str(r.case.get("dist", "?"))

@@ -18,7 +18,7 @@ import torch
 from backends.common.host import cpu_name
 from backends.common.translate import offset_scale
 from conformance.adapter.backend import Capabilities, Inputs, Outputs, Unsupported
-from conformance.model.case import GROUP_OPS, Case
+from conformance.model.case import BATCH_NORM, GROUP_OPS, RMS_OPS, Case
 from conformance.model.dtypes import DTYPES
 
 OPS = frozenset(
@@ -251,7 +251,7 @@ class Tensors:
     def tiny(self, case: Case) -> Tensors:
         """Same dtypes, parameters and memory format, a two-row x: enough to learn whether torch accepts
         the dtypes."""
-        if case.op == "batch_norm":
+        if case.op == BATCH_NORM:
             shape = (2, case.shape[1]) + (1,) * (len(case.shape) - 2)
         elif case.op in GROUP_OPS:
             # Two values per spatial dim: InstanceNorm refuses a single value per instance, and a
@@ -311,7 +311,7 @@ def layout_info(case: Case, tensors: Tensors) -> dict[str, str | int | float | b
     return info
 
 
-def load(case: Case, inputs: Inputs, *, grad: bool, weight: np.ndarray | None = None) -> Tensors:
+def to_device(case: Case, inputs: Inputs, *, grad: bool, weight: np.ndarray | None = None) -> Tensors:
     """Copy the inputs to the device, x and dy in the case's memory format; ``weight`` replaces the
     input weight (an adapter's translation)."""
     dev = device()
@@ -547,7 +547,7 @@ def library_prepared(
         gradient_targets(case, tensors.x, weight, bias),
         stats=stats,
         out_dtypes=widened,
-        quiet=MIXED_RMS if case.op in ("rms_norm", "add_rms_norm") and tensors.mixed() else None,
+        quiet=MIXED_RMS if case.op in RMS_OPS and tensors.mixed() else None,
         computed_with={**module_tensors(module), "weight": weight, "bias": bias},
         cast_y=cast_y,
     )
@@ -600,7 +600,7 @@ def prepare_library(
     weight = None
     if case.weight_offset:
         weight = offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype)
-    tensors = norm_params(load(case, inputs, grad=grad, weight=weight))
+    tensors = norm_params(to_device(case, inputs, grad=grad, weight=weight))
     probe(build, case, tensors, weightless=weightless)
     return build(case, tensors)
 

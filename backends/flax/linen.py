@@ -25,7 +25,16 @@ import numpy as np
 from backends.common import jax_support as jc
 from backends.common.translate import offset_scale, old_value_momentum
 from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Outputs, Prepared, Unsupported
-from conformance.model.case import Case
+from conformance.model.case import (
+    ADD_LAYER_NORM,
+    ADD_RMS_NORM,
+    BATCH_NORM,
+    GROUP_NORM,
+    INSTANCE_NORM,
+    LAYER_NORM,
+    RMS_NORM,
+    Case,
+)
 from conformance.model.dtypes import DTYPES
 
 OPS = frozenset(
@@ -53,7 +62,7 @@ NOTES = {
     " momentum=None (cumulative average) has no Flax equivalent and is not declared",
     "running_var": "Flax updates the running variance with the biased batch variance (PyTorch: unbiased);"
     " not translatable inside the module, reported as a deviation",
-    "add_rms_norm": "h = x + residual in the residual stream's dtype, then linen.RMSNorm(h) (add_layer_norm:"
+    ADD_RMS_NORM: "h = x + residual in the residual stream's dtype, then linen.RMSNorm(h) (add_layer_norm:"
     " linen.LayerNorm(h)), as a pre-norm block is written in Flax; XLA's default allow_excess_precision"
     " may skip the rounding of a bfloat16 sum inside the jitted graph (a deviation: see the fingerprint)",
     "residual_dtype": "residual in float32: h = x.astype(float32) + residual (JAX's promotion, spelled out)"
@@ -69,10 +78,10 @@ NOTES = {
     " and of the last call's outputs; every output is its own buffer (no donation; XLA copies an output"
     " returned twice), and JAX arrays are immutable, so no input is written",
     "threads": "XLA's CPU client sizes its own thread pool to the machine; --bench-threads does not apply",
-    "group_norm": "linen.GroupNorm(num_groups=G) takes channels last: x (N, C, spatial...) is transposed"
+    GROUP_NORM: "linen.GroupNorm(num_groups=G) takes channels last: x (N, C, spatial...) is transposed"
     " to (N, spatial..., C) before it and y back after it (exact: values move, none is computed);"
     " statistics over spatial and the group's channels, use_fast_variance default (one-pass)",
-    "instance_norm": "linen.InstanceNorm(feature_axes=1): channels-first natively, statistics over the"
+    INSTANCE_NORM: "linen.InstanceNorm(feature_axes=1): channels-first natively, statistics over the"
     " spatial axes, use_fast_variance default (one-pass); no running statistics (running_stats and"
     " training are not declared for it)",
     "channels_last": "not declared: torch's memory format has no JAX counterpart (XLA chooses layouts)",
@@ -206,13 +215,13 @@ def instance_norm_module(spec: Spec) -> nn.Module:
 
 
 MODULES: dict[str, Callable[[Spec], nn.Module]] = {
-    "layer_norm": layer_norm_module,
-    "rms_norm": rms_norm_module,
-    "batch_norm": batch_norm_module,
-    "add_rms_norm": rms_norm_module,
-    "add_layer_norm": layer_norm_module,
-    "group_norm": group_norm_module,
-    "instance_norm": instance_norm_module,
+    LAYER_NORM: layer_norm_module,
+    RMS_NORM: rms_norm_module,
+    BATCH_NORM: batch_norm_module,
+    ADD_RMS_NORM: rms_norm_module,
+    ADD_LAYER_NORM: layer_norm_module,
+    GROUP_NORM: group_norm_module,
+    INSTANCE_NORM: instance_norm_module,
 }
 
 Tree = dict[str, Any]
@@ -318,7 +327,7 @@ def scale_dtype(case: Case, scale: np.ndarray | None) -> str:
     return str(scale.dtype) if case.weight_offset and scale is not None else case.weight_dtype
 
 
-def load(case: Case, spec: Spec, inputs: Inputs, scale: np.ndarray | None) -> Loaded:
+def to_device(case: Case, spec: Spec, inputs: Inputs, scale: np.ndarray | None) -> Loaded:
     """Copy the inputs to the device under Flax's variable names (params: scale, bias; batch_stats)."""
     params: Tree = {}
     if scale is not None:
@@ -326,7 +335,7 @@ def load(case: Case, spec: Spec, inputs: Inputs, scale: np.ndarray | None) -> Lo
     if case.bias:
         params["bias"] = jc.to_jax(inputs["bias"])
     stats: Tree = {}
-    if case.op == "batch_norm":
+    if case.op == BATCH_NORM:
         # Exact upcasts: the case's running statistics in the dtype Flax keeps batch_stats in.
         stats = {
             "mean": jc.to_jax(inputs["running_mean"], spec.stats_dtype),
@@ -405,7 +414,7 @@ class FlaxLinen:
 
     def flax_momentum(self, case: Case) -> float | None:
         """Flax's BatchNorm momentum for the case (None for other ops)."""
-        if case.op != "batch_norm":
+        if case.op != BATCH_NORM:
             return None
         if case.momentum is None:
             raise Unsupported("momentum=None (cumulative average) has no Flax BatchNorm equivalent")
@@ -416,7 +425,7 @@ class FlaxLinen:
     def transposes(self, case: Case) -> bool:
         """Whether x is transposed to channels last around the module: linen.GroupNorm's feature axis
         is always the last one (InstanceNorm takes feature_axes=1, BatchNorm axis=1 instead)."""
-        return case.op == "group_norm"
+        return case.op == GROUP_NORM
 
     def _prepare(self, case: Case, inputs: Inputs, *, grad: bool, default_eps: bool) -> FlaxPrepared:
         jc.enable_x64()
@@ -427,7 +436,7 @@ class FlaxLinen:
         spec = Spec.of(
             case, scale_dtype(case, weight), grad=grad, eps=eps, momentum=momentum, transposed=layout
         )
-        loaded = load(case, spec, inputs, weight)
+        loaded = to_device(case, spec, inputs, weight)
         compiled, hit = self._cache.get(spec, lambda: jax.jit(step_fn(spec)).lower(*loaded.args()).compile())
         module = MODULES[spec.op](spec)
         info: dict[str, Any] = {
@@ -438,10 +447,10 @@ class FlaxLinen:
             "dtype": spec.dtype,
             "param_dtype": spec.scale_dtype,
         }
-        if case.op == "batch_norm":
+        if case.op == BATCH_NORM:
             info["flax_momentum"] = float(module.momentum)
             info["batch_stats_dtype"] = spec.stats_dtype
-        if case.op == "group_norm":
+        if case.op == GROUP_NORM:
             info["num_groups"] = int(module.num_groups)
         if spec.transposed:
             info["layout"] = "x transposed to channels last for the module, y transposed back"
@@ -450,7 +459,7 @@ class FlaxLinen:
 
 def refuse(case: Case) -> None:
     """Unsupported for what the capabilities leave out, for callers that prepare without asking them."""
-    if case.op == "instance_norm" and case.track_running_stats:
+    if case.op == INSTANCE_NORM and case.track_running_stats:
         raise Unsupported("linen.InstanceNorm keeps no running statistics (track_running_stats=True)")
     if case.layout != "contiguous":
         raise Unsupported(f"layout={case.layout}: a torch memory format; JAX arrays have no memory layout")
@@ -459,13 +468,13 @@ def refuse(case: Case) -> None:
 def default_eps(op: str) -> float:
     """Flax's own default epsilon of the op's module, read from the module class."""
     module = {
-        "layer_norm": nn.LayerNorm,
-        "rms_norm": nn.RMSNorm,
-        "batch_norm": nn.BatchNorm,
-        "group_norm": nn.GroupNorm,
-        "instance_norm": nn.InstanceNorm,
-        "add_rms_norm": nn.RMSNorm,
-        "add_layer_norm": nn.LayerNorm,
+        LAYER_NORM: nn.LayerNorm,
+        RMS_NORM: nn.RMSNorm,
+        BATCH_NORM: nn.BatchNorm,
+        GROUP_NORM: nn.GroupNorm,
+        INSTANCE_NORM: nn.InstanceNorm,
+        ADD_RMS_NORM: nn.RMSNorm,
+        ADD_LAYER_NORM: nn.LayerNorm,
     }
     cls = module[op]
     (epsilon,) = (f for f in dataclasses.fields(cls) if f.name == "epsilon")

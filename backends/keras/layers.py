@@ -32,7 +32,7 @@ from conformance.adapter.backend import (
     Outputs,
     Prepared,
 )
-from conformance.model.case import Case
+from conformance.model.case import ADD_RMS_NORM, BATCH_NORM, GROUP_NORM, INSTANCE_NORM, Case
 from conformance.model.dtypes import DTYPES
 
 OPS = frozenset(
@@ -59,15 +59,15 @@ NOTES: dict[str, str] = {
     "statistics": "in float32 (Keras upcasts half inputs); BatchNormalization's batch variance is one-pass"
     " E[x^2] - E[x]^2 on the torch backend (keras.ops.moments), two-pass on JAX, where"
     " ops.batch_normalization folds y = x * inv + (beta - mean * inv); see the fingerprint",
-    "group_norm": "GroupNormalization(groups=G, axis=1): channels-first as the case gives it (no"
+    GROUP_NORM: "GroupNormalization(groups=G, axis=1): channels-first as the case gives it (no"
     " transpose); statistics in float32 (ops.moments: one-pass E[x^2] - E[x]^2 on the torch backend,"
     " two-pass jnp.var on JAX), eps inside rsqrt, folded y = x * inv + (beta - mean * inv)",
-    "instance_norm": "GroupNormalization(groups=-1, axis=1), Keras' spelling of InstanceNorm: each"
+    INSTANCE_NORM: "GroupNormalization(groups=-1, axis=1), Keras' spelling of InstanceNorm: each"
     " instance's own statistics; running_stats is not declared (Keras keeps none for it)",
     "channels_last": "not declared: a torch memory format; Keras layers take the array as given",
     "float64": "computed in float32: keras.backend.result_type maps float64 to float32 on the torch and"
     " JAX backends, so the layers cast float64 inputs down and the results back up (a known deviation)",
-    "add_rms_norm": "h = keras.ops.add(x, residual) in the residual stream's dtype, then the layer on h"
+    ADD_RMS_NORM: "h = keras.ops.add(x, residual) in the residual stream's dtype, then the layer on h"
     " (add_layer_norm: LayerNormalization), residual_out = h; backward through both outputs (cotangents"
     " dy and dresidual_out; torch autograd / jax.vjp wrt x, residual and the variables). On JAX, XLA's"
     " default allow_excess_precision skips the rounding of a bfloat16 sum inside the jitted step (a"
@@ -214,7 +214,7 @@ class _KerasLayers:
 
     def keras_momentum(self, case: Case) -> float | None:
         """BatchNormalization's Keras momentum (1 - m; see _keras_plan.keras_momentum)."""
-        if case.op != "batch_norm":
+        if case.op != BATCH_NORM:
             return None
         return _keras_plan.keras_momentum(case.momentum)
 

@@ -12,7 +12,18 @@ import numpy as np
 
 from backends.common.translate import offset_scale, old_value_momentum
 from conformance.adapter.backend import Inputs, Unsupported
-from conformance.model.case import ADD_OPS, CHANNEL_OPS, Case
+from conformance.model.case import (
+    ADD_LAYER_NORM,
+    ADD_OPS,
+    ADD_RMS_NORM,
+    BATCH_NORM,
+    CHANNEL_OPS,
+    GROUP_NORM,
+    INSTANCE_NORM,
+    LAYER_NORM,
+    RMS_NORM,
+    Case,
+)
 from conformance.model.dtypes import round_to, stats_dtype
 
 # The Keras layer of each op; the add ops are h = x + residual (in the residual stream's dtype), then the
@@ -20,13 +31,13 @@ from conformance.model.dtypes import round_to, stats_dtype
 # Keras 3 has no InstanceNormalization: GroupNormalization(groups=-1) is its documented spelling (one
 # group per channel), with statistics of each instance only (no running statistics).
 LAYERS: dict[str, str] = {
-    "layer_norm": "LayerNormalization",
-    "rms_norm": "RMSNormalization",
-    "batch_norm": "BatchNormalization",
-    "add_rms_norm": "RMSNormalization",
-    "add_layer_norm": "LayerNormalization",
-    "group_norm": "GroupNormalization",
-    "instance_norm": "GroupNormalization",
+    LAYER_NORM: "LayerNormalization",
+    RMS_NORM: "RMSNormalization",
+    BATCH_NORM: "BatchNormalization",
+    ADD_RMS_NORM: "RMSNormalization",
+    ADD_LAYER_NORM: "LayerNormalization",
+    GROUP_NORM: "GroupNormalization",
+    INSTANCE_NORM: "GroupNormalization",
 }
 # The add ops' layers that cast their floating inputs to the policy's compute dtype (Keras' default
 # autocast; LayerNormalization opts out with self.autocast = False). Checked against Keras in tests.
@@ -163,11 +174,11 @@ def layer_kwargs(case: Case, momentum: float | None, *, default_eps: bool = Fals
         # Keras has separate switches: center (beta) and scale (gamma), so no frozen stand-ins.
         kwargs["center"] = bool(case.bias)
         kwargs["scale"] = case.weight
-    if case.op == "group_norm":
+    if case.op == GROUP_NORM:
         kwargs["groups"] = case.num_groups
-    if case.op == "instance_norm":
+    if case.op == INSTANCE_NORM:
         kwargs["groups"] = INSTANCE_GROUPS
-    if case.op == "batch_norm":
+    if case.op == BATCH_NORM:
         assert momentum is not None, "BatchNormalization needs a Keras momentum (keras_momentum)"
         kwargs["momentum"] = momentum
     return kwargs
@@ -189,7 +200,7 @@ def _variables(
     if case.bias:
         values["beta"] = inputs["bias"]
         grads["dbias"] = "beta"
-    if case.op == "batch_norm":
+    if case.op == BATCH_NORM:
         values["moving_mean"] = inputs["running_mean"]
         values["moving_variance"] = inputs["running_var"]
     held = {name: round_to(np.asarray(v, dtype=np.float64), variable_dtype) for name, v in values.items()}
@@ -228,7 +239,7 @@ def _scale(case: Case, inputs: Inputs) -> np.ndarray:
 
 def refuse(case: Case) -> None:
     """Unsupported for what the capabilities leave out, for callers that prepare without asking them."""
-    if case.op == "instance_norm" and case.track_running_stats:
+    if case.op == INSTANCE_NORM and case.track_running_stats:
         raise Unsupported(
             "track_running_stats=True: Keras has no InstanceNorm with running statistics "
             "(GroupNormalization(groups=-1) normalizes each instance with its own statistics only)"
@@ -247,7 +258,7 @@ def plan(case: Case, inputs: Inputs, momentum: float | None, *, default_eps: boo
     refuse(case)
     policy = norm_policy(case)
     values, grads = _variables(case, inputs, _variable_dtype(policy))
-    training = case.training if case.op == "batch_norm" else None
+    training = case.training if case.op == BATCH_NORM else None
     residual = case.op in ADD_OPS
     return Plan(
         case_id=case.id,

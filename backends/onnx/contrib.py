@@ -22,13 +22,13 @@ from backends.common import ort_support as _ort
 from backends.common.translate import offset_scale
 from backends.onnx.graphs import IR_VERSION
 from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Outputs, Prepared, Unsupported
-from conformance.model.case import Case
+from conformance.model.case import ADD_LAYER_NORM, Case
 from conformance.model.dtypes import numpy_dtype, round_to
 
 DOMAIN = "com.microsoft"
 DOMAIN_OPSET = 1
 ONNX_OPSET = 17  # the default domain's opset import; the graph holds no default-domain node
-OPS = {"add_layer_norm": "SkipLayerNormalization", "add_rms_norm": "SkipSimplifiedLayerNormalization"}
+OPS = {ADD_LAYER_NORM: "SkipLayerNormalization", "add_rms_norm": "SkipSimplifiedLayerNormalization"}
 # The schema's T: the CPU provider also registers double kernels, but a double graph fails ORT's schema
 # check at session creation (INVALID_GRAPH: "Type 'tensor(double)' ... is invalid"), so float64 cases
 # cannot be built at all (ORT 1.32, measured).

@@ -40,7 +40,15 @@ from conformance.adapter.backend import (
     Prepared,
     Unsupported,
 )
-from conformance.model.case import ADD_OPS, CHANNEL_OPS, Case
+from conformance.model.case import (
+    ADD_OPS,
+    ADD_RMS_NORM,
+    BATCH_NORM,
+    CHANNEL_OPS,
+    GROUP_NORM,
+    INSTANCE_NORM,
+    Case,
+)
 from conformance.model.dtypes import numpy_dtype
 
 OPSET_VARIABLE = "NORMCONF_ONNX_OPSET"
@@ -68,7 +76,7 @@ def opset() -> int:
 
 
 # The torch.nn op whose module normalizes each add op's sum.
-ADD_NORMS = {"add_rms_norm": "rms_norm", "add_layer_norm": "layer_norm"}
+ADD_NORMS = {ADD_RMS_NORM: "rms_norm", "add_layer_norm": "layer_norm"}
 
 
 class AddNorm(nn.Module):
@@ -277,9 +285,9 @@ def _check_outputs(case: Case, model: onnx.ModelProto) -> tuple[str, ...]:
         if a.name == "training_mode"
     ]
     computes = {
-        "batch_norm": f"BatchNormalization with training_mode={modes[0] if modes else 0}, which normalizes"
+        BATCH_NORM: f"BatchNormalization with training_mode={modes[0] if modes else 0}, which normalizes"
         " with the running statistics and updates none",
-        "instance_norm": f"{'+'.join(dict.fromkeys(n.op_type for n in model.graph.node))}, which normalizes"
+        INSTANCE_NORM: f"{'+'.join(dict.fromkeys(n.op_type for n in model.graph.node))}, which normalizes"
         " with the instance statistics and updates none",
     }
     raise Unsupported(
@@ -289,7 +297,7 @@ def _check_outputs(case: Case, model: onnx.ModelProto) -> tuple[str, ...]:
     )
 
 
-_CLASSES = {"batch_norm": "BatchNorm", "instance_norm": "InstanceNorm with track_running_stats"}
+_CLASSES = {BATCH_NORM: "BatchNorm", "instance_norm": "InstanceNorm with track_running_stats"}
 
 
 def _check_valid(model: onnx.ModelProto) -> None:
@@ -328,7 +336,7 @@ class OnnxExport:
                 "training": "BatchNorm and InstanceNorm (track_running_stats) in training mode are"
                 " Unsupported where the export has no running-statistics outputs (torch 2.13 exports"
                 " BatchNorm in inference form, InstanceNorm as InstanceNormalization)",
-                "group_norm": "Reshape+InstanceNormalization+Reshape+Mul+Add below opset 21,"
+                GROUP_NORM: "Reshape+InstanceNormalization+Reshape+Mul+Add below opset 21,"
                 " GroupNormalization-21 from 21 (NORMCONF_ONNX_OPSET); results record the graph",
                 "channels_last": "not declared: ONNX tensors have no memory format",
                 "residual": "add ops: x + residual in the activation dtype, then the torch.nn norm; with"

@@ -25,17 +25,28 @@ from onnx import helper
 from backends.common import ort_support as _ort
 from backends.common.translate import offset_scale, old_value_momentum
 from conformance.adapter.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Prepared
-from conformance.model.case import ADD_OPS, CHANNEL_OPS, Case
+from conformance.model.case import (
+    ADD_LAYER_NORM,
+    ADD_OPS,
+    ADD_RMS_NORM,
+    BATCH_NORM,
+    CHANNEL_OPS,
+    GROUP_NORM,
+    INSTANCE_NORM,
+    LAYER_NORM,
+    RMS_NORM,
+    Case,
+)
 from conformance.model.dtypes import numpy_dtype, stats_dtype
 
 OPSETS = {
-    "layer_norm": 17,
-    "rms_norm": 23,
-    "add_rms_norm": 23,
-    "add_layer_norm": 17,
-    "batch_norm": 15,
-    "group_norm": 21,
-    "instance_norm": 22,
+    LAYER_NORM: 17,
+    RMS_NORM: 23,
+    ADD_RMS_NORM: 23,
+    ADD_LAYER_NORM: 17,
+    BATCH_NORM: 15,
+    GROUP_NORM: 21,
+    INSTANCE_NORM: 22,
 }
 # GroupNormalization-21 takes PyTorch's per-channel scale and bias; -18 (deprecated by ONNX 1.16 for
 # that reason) takes one per group and is translated (GroupAffine). The variable picks which one runs.
@@ -378,13 +389,13 @@ def _instance_running_statistics(spec: Spec) -> None:
 
 
 BUILDERS = {
-    "layer_norm": layer_norm,
-    "rms_norm": rms_norm,
-    "add_rms_norm": rms_norm,
-    "add_layer_norm": layer_norm,
-    "batch_norm": batch_norm,
-    "group_norm": group_norm,
-    "instance_norm": instance_norm,
+    LAYER_NORM: layer_norm,
+    RMS_NORM: rms_norm,
+    ADD_RMS_NORM: rms_norm,
+    ADD_LAYER_NORM: layer_norm,
+    BATCH_NORM: batch_norm,
+    GROUP_NORM: group_norm,
+    INSTANCE_NORM: instance_norm,
 }
 
 
@@ -399,7 +410,7 @@ def plan(case: Case, inputs: Inputs, backend: OnnxRuntime) -> Plan:
     if case.op in ADD_OPS:
         # The norm reads the sum in its own dtype: float32 with bfloat16 parameters runs in float32.
         compute = widest(compute, norm_source_dtype(case))
-    if case.op != "group_norm" or opset >= 21:
+    if case.op != GROUP_NORM or opset >= 21:
         return Plan(compute, opset)
     fed = feeds(case, inputs, Plan(compute, opset))
     per_group = all(_constant_within_groups(fed[name], case.groups) for name in ("weight", "bias"))
@@ -416,7 +427,7 @@ def build(case: Case, plan: Plan, backend: OnnxRuntime) -> Spec:
 def feeds(case: Case, inputs: Inputs, plan: Plan) -> dict[str, np.ndarray]:
     """Graph inputs from the case's inputs, with the translations for parameters ONNX requires."""
     fed = {name: inputs[name] for name in ("x", "residual", "running_mean", "running_var") if name in inputs}
-    dtype = numpy_dtype(plan.compute if case.op != "batch_norm" else case.weight_dtype)
+    dtype = numpy_dtype(plan.compute if case.op != BATCH_NORM else case.weight_dtype)
     ones, zeros = np.ones(case.param_shape, dtype), np.zeros(case.param_shape, dtype)
     if case.weight_offset:
         fed["weight"] = offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype)
@@ -431,7 +442,7 @@ def feeds(case: Case, inputs: Inputs, plan: Plan) -> dict[str, np.ndarray]:
         for name in ("weight", "bias"):
             if name in fed:
                 fed[name] = np.ascontiguousarray(fed[name].astype(dtype))
-    if case.op == "batch_norm" and case.training:
+    if case.op == BATCH_NORM and case.training:
         fed["prior_running_var"] = inputs["running_var"]
     if plan.affine == "per_group":
         # Constant within each group (plan() checked): the first channel's value is the group's.
@@ -458,15 +469,15 @@ class OnnxRuntime:
         self._cache = _ort.Cache()
 
     def capabilities(self) -> Capabilities:
-        opsets = {**OPSETS, "group_norm": self.gn_opset()}
+        opsets = {**OPSETS, GROUP_NORM: self.gn_opset()}
         # ONNX tensors have no memory format: a channels_last case would run the contiguous graph.
         features = frozenset(FEATURES) - {"backward", "channels_last"}
         notes = {
             "opsets": ", ".join(f"{op} {v}" for op, v in opsets.items()),
-            "group_norm": f"GroupNormalization-{opsets['group_norm']} ({GROUP_NORM_VARIABLE}: 21, the"
+            GROUP_NORM: f"GroupNormalization-{opsets['group_norm']} ({GROUP_NORM_VARIABLE}: 21, the"
             " default, or 18, whose per-group scale and bias take PyTorch's per-channel affine per group"
             " where it is constant within each group, else composed as scale 1, bias 0, then Mul and Add)",
-            "instance_norm": "InstanceNormalization; eval with running statistics as BatchNormalization;"
+            INSTANCE_NORM: "InstanceNormalization; eval with running statistics as BatchNormalization;"
             " the training update of the running statistics composed of ReduceMean/ReduceSum",
             "channels_last": "not declared: ONNX tensors have no memory format",
             "add_ops": "Add then RMSNormalization-23 / LayerNormalization-17; residual_dtype float32 as a"
@@ -481,7 +492,7 @@ class OnnxRuntime:
 
     def opset(self, case: Case) -> int:
         """The opset of ``case``'s graph (GroupNormalization's from ``gn_opset``)."""
-        return self.gn_opset() if case.op == "group_norm" else OPSETS[case.op]
+        return self.gn_opset() if case.op == GROUP_NORM else OPSETS[case.op]
 
     def onnx_momentum(self, case: Case) -> float:
         """The BatchNormalization momentum attribute: ONNX keeps ``momentum`` of the old running value,
@@ -532,7 +543,7 @@ class OnnxRuntime:
 def check(spec: Spec, model: onnx.ModelProto) -> dict[str, str]:
     """ONNX's checker on ``model``, which rejects GroupNormalization-18 as deprecated (onnx 1.16+) though
     runtimes still run it: that graph is checked for shapes only, and its results say so."""
-    if spec.case.op == "group_norm" and spec.plan.opset < 21:
+    if spec.case.op == GROUP_NORM and spec.plan.opset < 21:
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         return {
             "onnx_checker": "shape inference only: the checker rejects GroupNormalization-18 (deprecated)"
@@ -546,14 +557,14 @@ def graph_info(spec: Spec, backend: OnnxRuntime) -> dict[str, str | int | float 
     runs the normalization op (its own kernel, or the ONNX function body expanded into primitive ops)."""
     case, plan = spec.case, spec.plan
     info: dict[str, str | int | float | bool] = {}
-    if case.op == "batch_norm" or (case.op == "instance_norm" and not case.uses_batch_stats):
+    if case.op == BATCH_NORM or (case.op == INSTANCE_NORM and not case.uses_batch_stats):
         info["onnx_momentum"] = backend.onnx_momentum(case)
-    norm = {"group_norm": "GroupNormalization", "instance_norm": "InstanceNormalization"}.get(case.op)
-    if case.op == "instance_norm" and not case.uses_batch_stats:
+    norm = {GROUP_NORM: "GroupNormalization", "instance_norm": "InstanceNormalization"}.get(case.op)
+    if case.op == INSTANCE_NORM and not case.uses_batch_stats:
         norm = "BatchNormalization"
     if norm is not None:
         info["ort_kernel"] = _ort.kernel_or_function(norm, plan.opset, plan.compute)
-    if case.op == "group_norm":
+    if case.op == GROUP_NORM:
         info["group_affine"] = plan.affine
         node = next(n for n in spec.nodes if n.op_type == "GroupNormalization")
         stash = [helper.get_attribute_value(a) for a in node.attribute if a.name == "stash_type"]
@@ -563,7 +574,7 @@ def graph_info(spec: Spec, backend: OnnxRuntime) -> dict[str, str | int | float 
         # Which residual convention the graph spells: the dtype of the Add, and what the norm reads.
         info["sum_dtype"] = sum_dtype(case)
         info["norm_reads"] = f"the {case.norm_input} sum ({norm_source_dtype(case)})"
-    if case.op == "instance_norm" and case.training:
+    if case.op == INSTANCE_NORM and case.training:
         info["running_update"] = "ReduceMean/ReduceSum composition (no ONNX op keeps InstanceNorm's)"
         info["momentum"] = 1.0 if case.momentum is None else case.momentum
     return info

@@ -32,7 +32,7 @@ from backends.onnx import graphs
 from backends.openvino import graph_edits as edits
 from backends.openvino import precision
 from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Outputs, Prepared, Unsupported
-from conformance.model.case import Case
+from conformance.model.case import BATCH_NORM, GROUP_NORM, INSTANCE_NORM, Case
 from conformance.model.dtypes import DTYPES
 
 DEVICE = "CPU"
@@ -193,13 +193,13 @@ class OpenVINO:
                 " compile_s, 0 when cached); __call__ is one InferRequest.infer",
                 "bfloat16": "bfloat16 graphs run in f32 where the hint is f32; outputs are rounded to"
                 " bfloat16 by the plugin's Convert, which truncates when the kept last bit is even (ledger)",
-                "group_norm": "GroupNormalization-21 (or -18, NORMCONF_ORT_GROUP_NORM_OPSET), read as the"
+                GROUP_NORM: "GroupNormalization-21 (or -18, NORMCONF_ORT_GROUP_NORM_OPSET), read as the"
                 " plugin's MVN plus a per-channel Eltwise; (N, C) input is Unsupported (the CPU plugin has no"
                 " GroupNormalization below rank 3)",
-                "instance_norm": "onnx_graphs' graphs: InstanceNormalization, BatchNormalization for eval"
+                INSTANCE_NORM: "onnx_graphs' graphs: InstanceNormalization, BatchNormalization for eval"
                 " with running statistics, the training update composed of ReduceMean/ReduceSum",
                 "channels_last": "not declared: ONNX tensors have no memory format",
-                "batch_norm": "eps is held in x's dtype (float16(1e-12) = 0) and momentum in the parameters'"
+                BATCH_NORM: "eps is held in x's dtype (float16(1e-12) = 0) and momentum in the parameters'"
                 " dtype; parameters wider than x are Unsupported (the frontend's BatchNormInference binds"
                 " their types)",
             },

@@ -39,7 +39,18 @@ import torch.nn.functional as F
 from backends.common import torch_support as common
 from backends.common.translate import offset_scale
 from conformance.adapter.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Outputs, Prepared
-from conformance.model.case import ADD_OPS, GROUP_OPS, Case
+from conformance.model.case import (
+    ADD_LAYER_NORM,
+    ADD_OPS,
+    ADD_RMS_NORM,
+    BATCH_NORM,
+    GROUP_NORM,
+    GROUP_OPS,
+    INSTANCE_NORM,
+    LAYER_NORM,
+    RMS_NORM,
+    Case,
+)
 from conformance.model.inputs import make_inputs
 
 # BatchNorm's ci grid alone is ~136 separate inductor graphs (layouts x train/eval x momentum and eps
@@ -147,13 +158,13 @@ def _instance_norm(
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "layer_norm": _layer_norm,
-    "rms_norm": _rms_norm,
-    "add_rms_norm": _add_rms_norm,
-    "add_layer_norm": _add_layer_norm,
-    "batch_norm": _batch_norm,
-    "group_norm": _group_norm,
-    "instance_norm": _instance_norm,
+    LAYER_NORM: _layer_norm,
+    RMS_NORM: _rms_norm,
+    ADD_RMS_NORM: _add_rms_norm,
+    ADD_LAYER_NORM: _add_layer_norm,
+    BATCH_NORM: _batch_norm,
+    GROUP_NORM: _group_norm,
+    INSTANCE_NORM: _instance_norm,
 }
 
 
@@ -171,7 +182,7 @@ def _canonical(case: Case) -> Case:
     """The case on which its graph is compiled: same fields, rank and size-1 dims, canonical sizes."""
     if case.op in GROUP_OPS:
         return _canonical_groups(case)
-    fixed = {1} if case.op == "batch_norm" else set(range(len(case.shape) - case.norm_ndim, len(case.shape)))
+    fixed = {1} if case.op == BATCH_NORM else set(range(len(case.shape) - case.norm_ndim, len(case.shape)))
     features, rows = iter(CANONICAL_FEATURES), iter(CANONICAL_ROWS)
     shape = tuple(
         1 if size == 1 else next(features) if i in fixed else next(rows) for i, size in enumerate(case.shape)
@@ -188,7 +199,7 @@ def _canonical_groups(case: Case) -> Case:
     rows = iter(CANONICAL_ROWS)
     shape = [1 if size == 1 else next(rows) for size in (case.shape[0], *case.shape[2:])]
     channels = case.shape[1]
-    if case.op == "instance_norm":
+    if case.op == INSTANCE_NORM:
         channels = 1 if channels == 1 else CANONICAL_FEATURES[0]
     elif channels != case.groups:
         channels = next(k * case.groups for k in itertools.count(2) if k * case.groups not in CANONICAL_ROWS)
@@ -226,14 +237,14 @@ def _fresh(fn: Callable[..., Any], tag: int) -> Callable[..., Any]:
 
 def _row_forward(case: Case, t: common.Tensors, fn: Callable[..., Any]) -> common.Forward:
     """The forward call of a LayerNorm / RMSNorm / add+RMSNorm case on ``fn``."""
-    if case.op == "layer_norm":
+    if case.op == LAYER_NORM:
         return lambda: fn(t.x, t.weight, t.bias, case.eps, case.norm_ndim)
-    if case.op == "rms_norm":
+    if case.op == RMS_NORM:
         return lambda: fn(t.x, t.weight, case.eps, case.norm_ndim)
     residual = t.residual
     assert residual is not None, f"{case.op} inputs lack the residual"
     wide = common.norm_dtype(t.x.dtype, residual.stream, exact=True) if residual.exact else None
-    params = (t.weight,) if case.op == "add_rms_norm" else (t.weight, t.bias)
+    params = (t.weight,) if case.op == ADD_RMS_NORM else (t.weight, t.bias)
     args = (t.x, residual.residual, *params, case.eps, case.norm_ndim, residual.stream, wide)
 
     def add_forward() -> torch.Tensor:
@@ -277,12 +288,12 @@ def _instance_norm_stats(case: Case, t: common.Tensors) -> common.RunningStats |
 
 def _build(case: Case, t: common.Tensors, fn: Callable[..., Any]) -> common.TorchPrepared:
     """The Prepared of ``case`` on ``fn`` (compiled, or the plain function for torch's dtype probe)."""
-    if case.op == "group_norm":
+    if case.op == GROUP_NORM:
         return common.library_prepared(case, t, _group_norm_forward(case, t, fn), t.weight, t.bias)
-    if case.op == "instance_norm":
+    if case.op == INSTANCE_NORM:
         forward, stats = _instance_norm_forward(case, t, fn), _instance_norm_stats(case, t)
         return common.library_prepared(case, t, forward, t.weight, t.bias, stats=stats)
-    if case.op != "batch_norm":
+    if case.op != BATCH_NORM:
         return common.library_prepared(case, t, _row_forward(case, t, fn), t.weight, t.bias)
     count = torch.zeros((), dtype=torch.long, device=t.x.device)  # torch.nn's num_batches_tracked
     stats = None
@@ -350,7 +361,7 @@ def _tensors(case: Case, inputs: Inputs, grad: bool) -> common.Tensors:
     weight = None
     if case.weight_offset:
         weight = offset_scale(inputs["weight"], case.weight_offset, case.weight_dtype)
-    return common.norm_params(common.load(case, inputs, grad=grad, weight=weight))
+    return common.norm_params(common.to_device(case, inputs, grad=grad, weight=weight))
 
 
 def declared_ops() -> frozenset[str]:
@@ -401,7 +412,7 @@ class TorchCompile:
         # dynamo guards on GroupNorm's num_groups (specialized) and on the strides a layout gives, so
         # each gets its own compiled function and canonical compile.
         extra = f"|layout={case.layout}" if case.op in GROUP_OPS else ""
-        extra = f"|groups={case.groups}{extra}" if case.op == "group_norm" else extra
+        extra = f"|groups={case.groups}{extra}" if case.op == GROUP_NORM else extra
         extra = f"|sum={case.norm_input}" if case.op in ADD_OPS else extra
         key = (case.op, _signature(t), grad, case.norm_ndim, case.training, extra)
         if key not in self._compiled:

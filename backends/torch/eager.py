@@ -16,7 +16,16 @@ from torch import nn
 
 from backends.common import torch_support as common
 from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Prepared
-from conformance.model.case import Case
+from conformance.model.case import (
+    ADD_LAYER_NORM,
+    ADD_RMS_NORM,
+    BATCH_NORM,
+    GROUP_NORM,
+    INSTANCE_NORM,
+    LAYER_NORM,
+    RMS_NORM,
+    Case,
+)
 
 
 def _parameter(value: torch.Tensor | None) -> nn.Parameter | None:
@@ -279,14 +288,14 @@ def _prepared(
 
 # Each build takes default_eps: True leaves eps out, so the seed module's own default applies.
 _BUILD: dict[str, Callable[[Case, common.Tensors, bool], common.TorchPrepared]] = {
-    "layer_norm": _layer_norm,
-    "rms_norm": _rms_norm,
-    "batch_norm": _batch_norm,
+    LAYER_NORM: _layer_norm,
+    RMS_NORM: _rms_norm,
+    BATCH_NORM: _batch_norm,
     # The eager compositions: x + residual as the case's convention asks, then the seed norm.
-    "add_rms_norm": _rms_norm,
-    "add_layer_norm": _layer_norm,
-    "group_norm": _group_norm,
-    "instance_norm": _instance_norm,
+    ADD_RMS_NORM: _rms_norm,
+    ADD_LAYER_NORM: _layer_norm,
+    GROUP_NORM: _group_norm,
+    INSTANCE_NORM: _instance_norm,
 }
 
 
@@ -310,11 +319,11 @@ class TorchEager:
         )
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
-        return _BUILD[case.op](case, common.load(case, inputs, grad=grad), False)
+        return _BUILD[case.op](case, common.to_device(case, inputs, grad=grad), False)
 
     def prepare_default_eps(self, case: Case, inputs: Inputs) -> Prepared:
         """The fingerprint's hook: the seed module built without eps (its constructor's default)."""
-        return _BUILD[case.op](case, common.load(case, inputs, grad=False), True)
+        return _BUILD[case.op](case, common.to_device(case, inputs, grad=False), True)
 
     def copy_kernel(self, nbytes: int) -> Prepared:
         return common.copy_kernel(nbytes)

@@ -21,7 +21,16 @@ from torch import nn
 
 from backends.common import torch_support as common
 from conformance.adapter.backend import FEATURES, Capabilities, Inputs, Prepared, Unsupported
-from conformance.model.case import Case
+from conformance.model.case import (
+    ADD_LAYER_NORM,
+    ADD_RMS_NORM,
+    BATCH_NORM,
+    GROUP_NORM,
+    INSTANCE_NORM,
+    LAYER_NORM,
+    RMS_NORM,
+    Case,
+)
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
@@ -167,13 +176,13 @@ def instance_norm_module(
 
 # The module of each op (the add ops: x + residual as the case's convention asks, then the row norm).
 MODULES: dict[str, Callable[[Case, torch.dtype, torch.device], nn.Module]] = {
-    "layer_norm": layer_norm_module,
-    "rms_norm": rms_norm_module,
-    "batch_norm": batch_norm_module,
-    "add_rms_norm": rms_norm_module,
-    "add_layer_norm": layer_norm_module,
-    "group_norm": group_norm_module,
-    "instance_norm": instance_norm_module,
+    LAYER_NORM: layer_norm_module,
+    RMS_NORM: rms_norm_module,
+    BATCH_NORM: batch_norm_module,
+    ADD_RMS_NORM: rms_norm_module,
+    ADD_LAYER_NORM: layer_norm_module,
+    GROUP_NORM: group_norm_module,
+    INSTANCE_NORM: instance_norm_module,
 }
 
 
@@ -241,14 +250,14 @@ def _build(build: EpsBuild, default_eps: bool = False) -> common.Build:
 
 
 _NN: dict[str, EpsBuild] = {
-    "layer_norm": _nn_layer_norm,
-    "rms_norm": _nn_rms_norm,
-    "batch_norm": _nn_batch_norm,
+    LAYER_NORM: _nn_layer_norm,
+    RMS_NORM: _nn_rms_norm,
+    BATCH_NORM: _nn_batch_norm,
     # The add ops composed: x + residual as the case's convention asks, then nn.RMSNorm / nn.LayerNorm.
-    "add_rms_norm": _nn_rms_norm,
-    "add_layer_norm": _nn_layer_norm,
-    "group_norm": _nn_group_norm,
-    "instance_norm": _nn_instance_norm,
+    ADD_RMS_NORM: _nn_rms_norm,
+    ADD_LAYER_NORM: _nn_layer_norm,
+    GROUP_NORM: _nn_group_norm,
+    INSTANCE_NORM: _nn_instance_norm,
 }
 
 
@@ -356,13 +365,13 @@ def _functional_instance_norm(
 
 
 _FUNCTIONAL: dict[str, EpsBuild] = {
-    "layer_norm": _functional_layer_norm,
-    "rms_norm": _functional_rms_norm,
-    "batch_norm": _functional_batch_norm,
-    "add_rms_norm": _functional_rms_norm,
-    "add_layer_norm": _functional_layer_norm,
-    "group_norm": _functional_group_norm,
-    "instance_norm": _functional_instance_norm,
+    LAYER_NORM: _functional_layer_norm,
+    RMS_NORM: _functional_rms_norm,
+    BATCH_NORM: _functional_batch_norm,
+    ADD_RMS_NORM: _functional_rms_norm,
+    ADD_LAYER_NORM: _functional_layer_norm,
+    GROUP_NORM: _functional_group_norm,
+    INSTANCE_NORM: _functional_instance_norm,
 }
 
 

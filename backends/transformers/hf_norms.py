@@ -34,7 +34,7 @@ from conformance.adapter.backend import (
     Prepared,
     Unsupported,
 )
-from conformance.model.case import Case
+from conformance.model.case import LAYER_NORM, RMS_NORM, Case
 from conformance.model.dtypes import round_to
 
 
@@ -135,13 +135,13 @@ def _ops(family: Family) -> frozenset[str]:
     # family's norm class (RMSNorm, or Cohere's / Nemotron's LayerNorm); its backward runs through both
     # outputs. The residual conventions (features residual_dtype, exact_sum) are not declared: the
     # model families keep the stream in the activation dtype and normalize the stored sum.
-    fused = {"rms_norm": "add_rms_norm", "layer_norm": "add_layer_norm"}
+    fused = {RMS_NORM: "add_rms_norm", "layer_norm": "add_layer_norm"}
     return frozenset({family.op, fused[family.op]}) if family.op in fused else frozenset({family.op})
 
 
 def _features(family: Family) -> frozenset[str]:
     features = {"backward", "param_dtype", "no_weight"}
-    if family.op == "layer_norm":
+    if family.op == LAYER_NORM:
         features.add("no_bias")
     if family.multi_axis:
         features.add("multi_axis")
@@ -194,7 +194,7 @@ def _module(
     eps = {} if default_eps else {"eps": case.eps}
     if family.cls == "NemotronLayerNorm1P":
         return cls(list(case.param_shape), **eps, bias=bool(case.bias), device=dev, dtype=dtype)
-    if family.op == "layer_norm" and case.bias:
+    if family.op == LAYER_NORM and case.bias:
         raise Unsupported(f"{family.cls} has no bias (its bias argument is ignored); bias=True")
     module = cls(case.param_shape[-1], **eps)
     return module.to(device=dev, dtype=dtype)
@@ -276,7 +276,7 @@ class HFNorm:
         weight, how = None, "as given"
         if "weight" in inputs:
             weight, how = self.translate(case, inputs["weight"])
-        tensors = common.load(case, inputs, grad=grad, weight=weight)
+        tensors = common.to_device(case, inputs, grad=grad, weight=weight)
         build = _build(self.family, default_eps)
         common.probe(build, case, tensors)
         prepared = build(case, tensors)

@@ -18,7 +18,17 @@ import numpy as np
 from backends.triton.kernels import blocks, mode
 from conformance.adapter.backend import BackendUnavailable, Capabilities, Inputs, Outputs, Unsupported
 from conformance.model import inputs
-from conformance.model.case import ADD_OPS, GROUP_OPS, Case
+from conformance.model.case import (
+    ADD_LAYER_NORM,
+    ADD_OPS,
+    ADD_RMS_NORM,
+    GROUP_NORM,
+    GROUP_OPS,
+    INSTANCE_NORM,
+    LAYER_NORM,
+    RMS_NORM,
+    Case,
+)
 
 OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm", "group_norm", "instance_norm"})
 DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
@@ -221,12 +231,12 @@ def _wide(case: Case) -> bool:
 
 
 _FORWARDS: dict[str, Callable[[TritonPrepared], dict[str, Any]]] = {
-    "layer_norm": TritonPrepared._layer_norm,
-    "rms_norm": TritonPrepared._rms_norm,
-    "add_rms_norm": TritonPrepared._add_rms_norm,
-    "add_layer_norm": TritonPrepared._add_layer_norm,
-    "group_norm": TritonPrepared._group_norm,
-    "instance_norm": TritonPrepared._instance_norm,
+    LAYER_NORM: TritonPrepared._layer_norm,
+    RMS_NORM: TritonPrepared._rms_norm,
+    ADD_RMS_NORM: TritonPrepared._add_rms_norm,
+    ADD_LAYER_NORM: TritonPrepared._add_layer_norm,
+    GROUP_NORM: TritonPrepared._group_norm,
+    INSTANCE_NORM: TritonPrepared._instance_norm,
 }
 
 
@@ -379,8 +389,8 @@ class InPlacePrepared:
 
 
 IN_PLACE_OPS: dict[str, Callable[[InPlacePrepared], None]] = {
-    "add_rms_norm": InPlacePrepared._add_rms_norm,
-    "add_layer_norm": InPlacePrepared._add_layer_norm,
+    ADD_RMS_NORM: InPlacePrepared._add_rms_norm,
+    ADD_LAYER_NORM: InPlacePrepared._add_layer_norm,
 }
 
 

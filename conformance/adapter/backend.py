@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from conformance.model.case import FEATURES, GROUP_OPS, Case
+from conformance.model.case import BATCH_NORM, FEATURES, GROUP_OPS, Case
 
 Inputs = Mapping[str, np.ndarray]
 Outputs = Mapping[str, np.ndarray]
@@ -62,7 +62,7 @@ class Capabilities:
         missing = sorted(needed - self.features)
         if missing:
             return f"feature(s) {missing} not declared"
-        row = {"batch_norm": case.shape[1]}.get(case.op, case.shape[-1])
+        row = {BATCH_NORM: case.shape[1]}.get(case.op, case.shape[-1])
         if case.op in GROUP_OPS:
             row = math.prod(case.shape[1:]) // case.groups  # the values one group normalizes
         limit = self.limits.get("max_row")

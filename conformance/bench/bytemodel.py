@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from conformance.model.case import ADD_OPS, Case
+from conformance.model.case import ADD_OPS, BATCH_NORM, RMS_OPS, Case
 from conformance.model.dtypes import numpy_dtype
 
 CHECKS: tuple[str, ...] = ("forward", "backward")
@@ -72,8 +72,8 @@ def _stat_bytes(case: Case) -> int:
     normalize (eval), since the backward reads those instead."""
     if not case.uses_batch_stats:
         return 0
-    groups = case.shape[1] if case.op == "batch_norm" else case.rows  # GN/IN: samples x groups
-    per_group = 1 if case.op in ("rms_norm", "add_rms_norm") else 2
+    groups = case.shape[1] if case.op == BATCH_NORM else case.rows  # GN/IN: samples x groups
+    per_group = 1 if case.op in RMS_OPS else 2
     return groups * per_group * (8 if case.dtype == "float64" else _STAT_BYTES)
 
 

@@ -10,7 +10,8 @@ from conformance.cli import options
 from conformance.judging import tolerances
 from conformance.judging.ledger import LedgerError
 from conformance.judging.tolerances import ToleranceError
-from conformance.results.records import SchemaError, write_atomic
+from conformance.results.records import write_atomic
+from conformance.results.schema import SchemaError
 from conformance.running import flags, rejudge
 from conformance.running.settings import load_ledger
 
@@ -42,7 +43,7 @@ def build_judge(sub: Sub, name: str) -> argparse.ArgumentParser:
 def judge(args: argparse.Namespace) -> int:
     """Exit 0 when the re-judged file has no failed, error or xpassed result, else 1."""
     try:
-        table = tolerances.load(args.tolerances)
+        table = tolerances.read_tolerances(args.tolerances)
         ledger = load_ledger(args.ledger, builtin=not args.no_builtin_ledger, strict=args.strict_ledger)
         done = rejudge.rejudge(Path(args.results), table, ledger)
     except (LedgerError, ToleranceError, SchemaError) as exc:

@@ -11,7 +11,7 @@ from typing import Any
 
 from conformance.adapter import listing, registry
 from conformance.results import benchjson, diff, render, runs
-from conformance.results.records import SchemaError
+from conformance.results.schema import SchemaError
 from conformance.running import flags, settings, shard
 
 EXIT_CODES = """exit status:
@@ -39,7 +39,7 @@ def subparser(
 
 def load_runs(paths: Sequence[str]) -> list[runs.Run]:
     try:
-        return runs.load(paths)
+        return runs.read_runs(paths)
     except SchemaError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -75,7 +75,7 @@ def parse_shard(spec: str | None) -> shard.Shard | None:
 
 def renderer(fmt: str, group: str = render.GROUP) -> render.Renderer:
     try:
-        return render.load(fmt, group)
+        return render.find_renderer(fmt, group)
     except render.RendererError as exc:
         raise UsageError(str(exc)) from exc
 

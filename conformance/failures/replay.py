@@ -20,7 +20,7 @@ from conformance.adapter.backend import BackendUnavailable
 from conformance.failures import bundle
 from conformance.failures.shrink import runner
 from conformance.judging import tolerances
-from conformance.results.records import ComparisonRecord
+from conformance.results.result import ComparisonRecord
 
 PASSED, FAILED, USAGE, UNSUPPORTED = 0, 1, 2, 3
 
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = args.backend or saved.backend
         backend = registry.entries()[registry.resolve(name, registry.entries())[0]].load()
         caps = backend.capabilities()
-        table = tolerances.load(args.tolerances)
+        table = tolerances.read_tolerances(args.tolerances)
     except (ImportError, bundle.BundleError, registry.RegistryError, registry.BackendLoadError) as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return USAGE

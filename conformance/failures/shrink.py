@@ -21,10 +21,10 @@ from conformance.adapter.execute import AdapterError, run_backend
 from conformance.failures import bundle
 from conformance.judging.tolerances import ToleranceTable
 from conformance.judging.verdict import compare_outputs
-from conformance.model.case import GROUP_OPS, Case, CaseError
+from conformance.model.case import BATCH_NORM, GROUP_OPS, Case, CaseError
 from conformance.model.inputs import PER_ROW, for_call, make_inputs
 from conformance.model.outputs import output_shape, produced
-from conformance.results.records import ComparisonRecord
+from conformance.results.result import ComparisonRecord
 
 Arrays = dict[str, np.ndarray]
 # Backend runs one failure may spend on shrinking (each on a smaller input than the last).
@@ -80,7 +80,7 @@ def units(case: Case) -> int:
     """Independent groups that can be dropped: LN/RMS rows, BN channels, GN/IN samples."""
     if case.op in GROUP_OPS:
         return case.shape[0]
-    return case.shape[1] if case.op == "batch_norm" else case.rows
+    return case.shape[1] if case.op == BATCH_NORM else case.rows
 
 
 def take(case: Case, inputs: Arrays, keep: list[int]) -> tuple[Case, Arrays] | None:
@@ -90,7 +90,7 @@ def take(case: Case, inputs: Arrays, keep: list[int]) -> tuple[Case, Arrays] | N
         # the oracle follows); groups within a sample share parameters and stay.
         shape = (len(keep), *case.shape[1:])
         taken = {k: (v[keep] if k in _PER_ROW else v) for k, v in inputs.items()}
-    elif case.op == "batch_norm":
+    elif case.op == BATCH_NORM:
         shape = (case.shape[0], len(keep), *case.shape[2:])
         taken = {k: (np.take(v, keep, axis=1) if k in _PER_ROW else v[keep]) for k, v in inputs.items()}
     else:
@@ -112,7 +112,7 @@ def _worst_unit(attempt: Attempt) -> int | None:
     index, case = worst.worst_index, attempt.case
     if case.op in GROUP_OPS:
         return index[0] if len(index) == len(case.shape) else None
-    if case.op == "batch_norm":
+    if case.op == BATCH_NORM:
         return index[1] if len(index) == len(case.shape) else index[0]
     if len(index) != len(case.shape):
         return None  # a parameter gradient: every row contributes
@@ -159,7 +159,7 @@ class _Search:
     def smaller_features(self, case: Case) -> Attempt | None:
         """The smallest power-of-two last dim (below the case's) whose regenerated inputs fail."""
         last = case.shape[-1]
-        if case.op == "batch_norm" or last == 1:
+        if case.op == BATCH_NORM or last == 1:
             return None
         size = 1
         while size < last:

@@ -21,10 +21,10 @@ from conformance.adapter.execute import AdapterError, run_backend
 from conformance.fingerprint.cases import Probe
 from conformance.fingerprint.emulate import emulate
 from conformance.fingerprint.questions import QUESTIONS, Question
-from conformance.model.case import GROUP_OPS, Case
+from conformance.model.case import BATCH_NORM, GROUP_NORM, GROUP_OPS, Case
 from conformance.model.geometry import geometry
 from conformance.model.outputs import output_shape, produced
-from conformance.results.records import FingerprintRecord
+from conformance.results.fingerprints import FingerprintRecord
 
 __all__ = ["QUESTIONS", "SEPARATION", "ask", "classify", "judge"]
 
@@ -109,13 +109,13 @@ def _statistics(
 ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(name suffix, x - mean, variance) for each way the backend may compute its statistics; GN/IN
     ``x`` is the geometry view, where a group is the last two axes (a channel the last one)."""
-    if case.op == "batch_norm":
+    if case.op == BATCH_NORM:
         shape = (1, -1) + (1,) * (x.ndim - 2)
         d = x - np.asarray(inputs["running_mean"], dtype=np.float64).reshape(shape)
         return [("", d, np.asarray(inputs["running_var"], dtype=np.float64).reshape(shape))]
     if case.op in GROUP_OPS:
         reductions = {"": geometry(case).group_axes}
-        if case.op == "group_norm":
+        if case.op == GROUP_NORM:
             reductions[", per channel"] = (3,)
     else:
         reductions = {"": tuple(range(x.ndim - case.norm_ndim, x.ndim))}

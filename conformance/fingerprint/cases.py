@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from conformance.fingerprint import probes
-from conformance.model.case import Case
+from conformance.model.case import GROUP_NORM, Case
 from conformance.model.dtypes import finfo, round_to
 
 
@@ -191,7 +191,7 @@ def channel_case(op: str, rows: int, length: int, dtype: str, eps: float) -> Cas
     """A GN/IN case whose normalization groups, in order, are ``rows`` rows of ``length`` values: two
     groups per sample, each of two channels (GroupNorm) or one (InstanceNorm). Groups are contiguous
     in x, so a row probe's values become the groups unchanged."""
-    if op == "group_norm":
+    if op == GROUP_NORM:
         return Case(op, (rows // 2, 4, length // 2), dtype, eps, num_groups=2)
     return Case(op, (rows // 2, 2, length), dtype, eps)
 

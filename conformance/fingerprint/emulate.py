@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from conformance.model import residual
-from conformance.model.case import ADD_OPS, CHANNEL_OPS, GROUP_OPS, Case
+from conformance.model.case import ADD_OPS, BATCH_NORM, CHANNEL_OPS, GROUP_OPS, INSTANCE_NORM, RMS_OPS, Case
 from conformance.model.dtypes import round_to
 from conformance.model.geometry import geometry
 
@@ -92,7 +92,7 @@ def _stats_dtype(case: Case, conv: Convention) -> str:
 
 
 def _axes(case: Case, conv: Convention, ndim: int) -> tuple[int, ...]:
-    if case.op == "batch_norm":
+    if case.op == BATCH_NORM:
         return (0, *range(2, ndim))
     if case.op in GROUP_OPS:
         return (3,) if conv.groups == "channel" else (2, 3)
@@ -106,7 +106,7 @@ def _param(
     if name not in inputs:
         return None
     values = np.asarray(inputs[name], dtype=np.float64)
-    if case.op == "batch_norm":
+    if case.op == BATCH_NORM:
         return values.reshape((1, -1) + (1,) * (ndim - 2))
     if case.op in GROUP_OPS:
         grouped = values.reshape(geometry(case).param_shape)
@@ -167,7 +167,7 @@ def _statistics(
         mean, var = _param(case, inputs, "running_mean", ndim), _param(case, inputs, "running_var", ndim)
         assert mean is not None and var is not None, "BN inputs carry running statistics"
         return w.r(mean), w.r(var)
-    if case.op in ("rms_norm", "add_rms_norm"):
+    if case.op in RMS_OPS:
         return np.zeros(1), w.mean(w.r(x * x), axes)
     mean = w.mean(x, axes)
     return mean, _variance(x, mean, axes, w, conv)
@@ -199,7 +199,7 @@ def _affine(
 def _per_channel(case: Case, stats: Array) -> Array:
     """Batch statistics per channel: BN's as they are; InstanceNorm's instance statistics averaged
     over the samples (torch's F.instance_norm)."""
-    if case.op == "instance_norm":
+    if case.op == INSTANCE_NORM:
         per_sample: Array = stats.reshape(case.shape[0], -1).mean(axis=0)
         return per_sample
     return stats.reshape(-1)
@@ -237,7 +237,7 @@ def _dx(
         dx: Array = g * rstd
         return dx
     mean_gx = (g * xhat).mean(axis=axes, keepdims=True)
-    if case.op in ("rms_norm", "add_rms_norm"):
+    if case.op in RMS_OPS:
         dx = rstd * (g - xhat * mean_gx)
     else:
         dx = rstd * (g - g.mean(axis=axes, keepdims=True) - xhat * mean_gx)
@@ -274,7 +274,7 @@ def emulate(
     axes = _axes(case, conv, x.ndim)
     mean, var = _statistics(case, inputs, x, axes, w, conv)
     s = _inverse(var, case.eps, w, conv)
-    d = x if case.op in ("rms_norm", "add_rms_norm") else w.r(x - mean)
+    d = x if case.op in RMS_OPS else w.r(x - mean)
     xhat, rstd, tail = _normalized(d, s, w, conv)
     y, scale = _affine(case, inputs, xhat, tail, conv)
     out = {"y": rounder(case.dtype)(y).reshape(case.shape), "y@wide": y.reshape(case.shape), **streamed}

@@ -17,7 +17,7 @@ import numpy as np
 from conformance.fingerprint import cases
 from conformance.fingerprint.cases import Probe
 from conformance.fingerprint.emulate import REFERENCE, Convention, emulate
-from conformance.model.case import Case
+from conformance.model.case import ADD_LAYER_NORM, ADD_RMS_NORM, GROUP_NORM, INSTANCE_NORM, Case
 from conformance.model.dtypes import ulp, unit_roundoff
 
 Family = tuple[Convention, ...]
@@ -362,7 +362,7 @@ def _residual_questions() -> list[Question]:
                 "activation",
                 metric="mismatch",
             )
-            for op in ("add_layer_norm", "add_rms_norm")
+            for op in (ADD_LAYER_NORM, ADD_RMS_NORM)
         ),
     ]
 
@@ -373,7 +373,7 @@ def _group_questions() -> list[Question]:
     conventions apart."""
     q = Question
     table = []
-    for op in ("group_norm", "instance_norm"):
+    for op in (GROUP_NORM, INSTANCE_NORM):
         table += [
             q(
                 f"{op}.eps",
@@ -457,7 +457,7 @@ def _with_nuisance(question: Question) -> Question:
     nuisance: list[Mapping[str, str]] = [{}]
     if question.op in _CENTRING and question.hypotheses is not VARIANCE:
         nuisance.append({"variance": "unbiased"})
-    if question.op == "group_norm" and question.hypotheses is not GROUPS:
+    if question.op == GROUP_NORM and question.hypotheses is not GROUPS:
         nuisance += [{**changes, "groups": "channel"} for changes in nuisance]
     if question.hypotheses is EPS_DTYPE:
         nuisance += [{**changes, "eps": "std"} for changes in nuisance]

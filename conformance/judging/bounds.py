@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from conformance.model.case import Case
+from conformance.model.case import INSTANCE_NORM, Case
 from conformance.model.dtypes import stats_dtype, unit_roundoff
 from conformance.model.geometry import Axes, geometry
 from conformance.model.inputs import groups
@@ -123,7 +123,7 @@ def _batch(case: Case, inputs: Arrays) -> tuple[np.ndarray, float]:
 
 def _variance_count(case: Case) -> int:
     """The count an unbiased running variance divides by count - 1: per channel (BN), per instance (IN)."""
-    return case.param_terms // case.shape[0] if case.op == "instance_norm" else case.param_terms
+    return case.param_terms // case.shape[0] if case.op == INSTANCE_NORM else case.param_terms
 
 
 def _running_mean(case: Case, inputs: Arrays, expected: Arrays) -> float:

@@ -23,7 +23,7 @@ from conformance.judging.allowance import Factors
 from conformance.judging.rounding import bias, mismatch_fraction
 from conformance.judging.tolerances import Tolerance
 from conformance.model.dtypes import finfo, ulp
-from conformance.results.records import ComparisonRecord, ToleranceRecord
+from conformance.results.result import ComparisonRecord, ToleranceRecord
 
 
 def _recorded(tol: Tolerance, atol_effective: float) -> ToleranceRecord:

@@ -35,7 +35,8 @@ from conformance.judging.tolerances import OUTPUTS
 from conformance.model.case import DISTS, FEATURES, OPS, Case
 from conformance.model.dtypes import DTYPES
 from conformance.model.profiles import PROFILES
-from conformance.results.records import ComparisonRecord, jsonable
+from conformance.results.result import ComparisonRecord
+from conformance.results.schema import jsonable
 
 _MATCH_KEYS: tuple[str, ...] = ("backend", "check", "output", "op", "dtype", "dist", "features", "case")
 _FIELDS = set(_MATCH_KEYS) | {
@@ -209,7 +210,7 @@ def builtin_files() -> tuple[Path, ...]:
     return tuple(sorted(default_path().glob("*.toml")))
 
 
-def load(
+def read_ledger(
     path: str | Path | Sequence[str | Path] | None,
     checks: Collection[str],
     *,

@@ -8,7 +8,7 @@ import numpy as np
 
 from conformance.judging.ledger import Deviation
 from conformance.model.case import Case
-from conformance.results.records import ComparisonRecord, RoundingRecord
+from conformance.results.result import ComparisonRecord, RoundingRecord
 
 
 def header(backend: str, case: Case, check: str) -> str:

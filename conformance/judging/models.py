@@ -18,7 +18,7 @@ import numpy as np
 
 from conformance import oracle
 from conformance.model import residual
-from conformance.model.case import ADD_OPS, Case
+from conformance.model.case import ADD_OPS, BATCH_NORM, GROUP_NORM, LAYER_OPS, Case
 from conformance.model.dtypes import numpy_dtype, round_to, stats_dtype, unit_roundoff
 from conformance.model.geometry import Geometry, geometry
 from conformance.model.outputs import output_dtype
@@ -120,7 +120,7 @@ def execution(model: Model, case: Case, inputs: Arrays) -> tuple[Case, Arrays]:
 
 
 def _centred(case: Case) -> None:
-    if case.op not in _CENTRED_OPS or (case.op == "batch_norm" and not case.training):
+    if case.op not in _CENTRED_OPS or (case.op == BATCH_NORM and not case.training):
         raise ModelError(
             f"the model needs batch statistics of a centred norm ({', '.join(sorted(_CENTRED_OPS))}; "
             f"batch_norm in training), not case {case.id}"
@@ -197,7 +197,7 @@ def variance_path_underflow(case: Case, inputs: Arrays) -> Arrays:
     family) or rstd * g (RMSNorm). Elsewhere the term is the reference's."""
     if not _grad(inputs):
         raise ModelError(f"variance_path_underflow models a backward; case {case.id} has no dy")
-    if case.op == "batch_norm" and not case.training:
+    if case.op == BATCH_NORM and not case.training:
         raise ModelError(f"variance_path_underflow needs batch statistics, not case {case.id}")
     geo, f64, x = _view(case, inputs)
     centred = case.op not in RMS_OPS
@@ -258,7 +258,7 @@ def one_pass_unclamped(case: Case, inputs: Arrays) -> Arrays:
     float64 inputs) with 256-bit lanes, Var = E[x^2] - E[x]^2 *not* clamped, sqrt(Var + eps) in that
     dtype. On offset groups the subtraction cancels most digits; on constant groups it leaves a residue
     that is negative for about half of them, and with a tiny eps the square root is NaN."""
-    if case.op != "group_norm":
+    if case.op != GROUP_NORM:
         raise ModelError(f"one_pass_unclamped models GroupNormalization's function body, not case {case.id}")
     geo = geometry(case)
     stats = numpy_dtype(stats_dtype(case.dtype))
@@ -310,7 +310,7 @@ def exact_sum(case: Case, inputs: Arrays) -> Arrays:
 def biased_running_var(case: Case, inputs: Arrays) -> Arrays:
     """A BatchNorm training step that blends the biased batch variance (the one it normalizes with)
     into running_var, where PyTorch takes the unbiased one (Keras, Flax)."""
-    if case.op != "batch_norm" or not case.training:
+    if case.op != BATCH_NORM or not case.training:
         raise ModelError(f"biased_running_var models a batch_norm training step, not case {case.id}")
     out = dict(oracle.evaluate(case, inputs, grad=_grad(inputs)))
     geo, f64, x = _view(case, inputs)
@@ -355,7 +355,7 @@ def one_pass_sequential_float32(case: Case, inputs: Arrays) -> Arrays:
     most digits. ONNX Runtime's SkipLayerNormalization CPU kernel before 1.30 does this, on the sum
     x + skip it forms in float32 (exact for half inputs, so the norm reads the unrounded sum there); the
     sequential order reproduces it to the bit where a pairwise sum would not."""
-    if case.op not in ("layer_norm", "add_layer_norm") or case.norm_ndim != 1:
+    if case.op not in LAYER_OPS or case.norm_ndim != 1:
         raise ModelError(f"one_pass_sequential_float32 models one-axis LayerNorm rows, not case {case.id}")
     read = round_to(residual.exact_sum(inputs), "float32") if case.op in ADD_OPS else inputs["x"]
     x = np.asarray(read, dtype=np.float32)

@@ -13,7 +13,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from conformance.results import machine
-from conformance.results.records import package_versions
+from conformance.results.header import package_versions
 
 DEVICES: tuple[str, ...] = ("cpu", "cuda", "rocm", "xpu", "mps")
 _KEYS: tuple[str, ...] = ("device", "cpu", "not_cpu", "versions")

@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from conformance.model.dtypes import round_to, ulp
-from conformance.results.records import RoundingRecord
+from conformance.results.result import RoundingRecord
 
 # Outputs judged for bias: the half-precision ones, where one ulp is larger than every error a
 # correct float32 computation makes before the last rounding.

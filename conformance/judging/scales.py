@@ -19,7 +19,7 @@ import numpy as np
 
 from conformance.judging.bounds import bound, group_axes, per_param, view
 from conformance.model import residual
-from conformance.model.case import Case
+from conformance.model.case import RMS_OPS, Case
 from conformance.oracle.common import moments
 
 Arrays = Mapping[str, np.ndarray]
@@ -57,7 +57,7 @@ def _rms_xhat(case: Case, inputs: Arrays, expected: Arrays) -> float:
     if "rstd" in expected:
         x = view(case, residual.normalized(case, inputs))
         axes = group_axes(case)[0]
-        var = np.square(x).mean(axis=axes) if case.op in ("rms_norm", "add_rms_norm") else moments(x, axes)[2]
+        var = np.square(x).mean(axis=axes) if case.op in RMS_OPS else moments(x, axes)[2]
         return float(np.sqrt(np.mean(var / (var + case.eps))))
     centred = view(case, inputs["x"]) - per_param(case, inputs["running_mean"])
     return _rms(centred * per_param(case, rstd))

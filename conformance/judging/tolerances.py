@@ -113,7 +113,7 @@ def default_path() -> Path:
     return tomlfile.builtin("tolerances.toml")
 
 
-def load(path: str | Path | None = None) -> ToleranceTable:
+def read_tolerances(path: str | Path | None = None) -> ToleranceTable:
     """Read and validate a tolerance file (the built-in one by default)."""
     file = Path(path) if path is not None else default_path()
     data, sha256 = tomlfile.read(file, "tolerance file", ToleranceError)

@@ -22,7 +22,7 @@ from conformance.judging.platform import Platform
 from conformance.judging.tolerances import ToleranceTable
 from conformance.model.case import Case
 from conformance.model.outputs import output_dtype
-from conformance.results.records import ComparisonRecord, Explanation
+from conformance.results.result import ComparisonRecord, Explanation
 
 
 @dataclass(frozen=True)

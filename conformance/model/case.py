@@ -9,18 +9,27 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Final
 
 from conformance.model.dtypes import DTYPES
 
+# The op names, as case ids, results files, capabilities and ledger entries spell them. Code compares
+# a case's op with these constants (and the op sets below), never with a string of its own.
+LAYER_NORM: Final = "layer_norm"
+RMS_NORM: Final = "rms_norm"
+BATCH_NORM: Final = "batch_norm"
+ADD_RMS_NORM: Final = "add_rms_norm"
+GROUP_NORM: Final = "group_norm"
+INSTANCE_NORM: Final = "instance_norm"
+ADD_LAYER_NORM: Final = "add_layer_norm"
 OPS: tuple[str, ...] = (
-    "layer_norm",
-    "rms_norm",
-    "batch_norm",
-    "add_rms_norm",
-    "group_norm",
-    "instance_norm",
-    "add_layer_norm",
+    LAYER_NORM,
+    RMS_NORM,
+    BATCH_NORM,
+    ADD_RMS_NORM,
+    GROUP_NORM,
+    INSTANCE_NORM,
+    ADD_LAYER_NORM,
 )
 DISTS: tuple[str, ...] = (
     "normal",
@@ -54,15 +63,19 @@ NORM_INPUTS: tuple[str, ...] = ("rounded", "exact")
 # Memory layouts of x a backend is asked to compute on (torch's memory formats); the values are the same.
 LAYOUTS: tuple[str, ...] = ("contiguous", "channels_last")
 # Ops that carry a bias term; RMSNorm variants have none by definition.
-_BIAS_OPS = frozenset({"layer_norm", "batch_norm", "group_norm", "instance_norm", "add_layer_norm"})
-_ROW_OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm"})
+_BIAS_OPS = frozenset({LAYER_NORM, BATCH_NORM, GROUP_NORM, INSTANCE_NORM, ADD_LAYER_NORM})
+_ROW_OPS = frozenset({LAYER_NORM, RMS_NORM, ADD_RMS_NORM, ADD_LAYER_NORM})
 # Residual add fused into the norm: h = x + residual, y = norm(h), residual_out = h.
-ADD_OPS = frozenset({"add_rms_norm", "add_layer_norm"})
-_OFFSET_OPS = frozenset({"rms_norm", "add_rms_norm"})
+ADD_OPS = frozenset({ADD_RMS_NORM, ADD_LAYER_NORM})
+# RMSNorm and its fused residual variant: no mean is subtracted (and no bias added).
+RMS_OPS = frozenset({RMS_NORM, ADD_RMS_NORM})
+# LayerNorm and its fused residual variant.
+LAYER_OPS = frozenset({LAYER_NORM, ADD_LAYER_NORM})
+_OFFSET_OPS = RMS_OPS
 # Ops with a channel axis 1 and per-channel parameters: x is (N, C, spatial...).
-CHANNEL_OPS = frozenset({"batch_norm", "group_norm", "instance_norm"})
+CHANNEL_OPS = frozenset({BATCH_NORM, GROUP_NORM, INSTANCE_NORM})
 # Ops that normalize groups of channels per sample (InstanceNorm: one channel per group).
-GROUP_OPS = frozenset({"group_norm", "instance_norm"})
+GROUP_OPS = frozenset({GROUP_NORM, INSTANCE_NORM})
 # Fields added after the first results files: left out of ``to_dict`` at their usual value, so
 # records of the other ops read the same as before and older readers still accept them.
 _QUIET_DEFAULTS = ("num_groups", "track_running_stats", "layout", "residual_dtype", "norm_input")
@@ -107,7 +120,7 @@ class Case:
             object.__setattr__(self, "bias", self.op in _BIAS_OPS)
         if self.track_running_stats is None:
             # BatchNorm always keeps running statistics; InstanceNorm does when asked (torch's default: not).
-            object.__setattr__(self, "track_running_stats", self.op == "batch_norm")
+            object.__setattr__(self, "track_running_stats", self.op == BATCH_NORM)
         if self.param_dtype == self.dtype:
             # One spelling per meaning, so equal cases have equal ids and inputs.
             object.__setattr__(self, "param_dtype", None)
@@ -161,7 +174,7 @@ class Case:
             raise _fail("shape", self.shape, "a non-empty tuple of positive integers")
         if self.op in _ROW_OPS and not 1 <= self.norm_ndim <= len(self.shape):
             raise _fail("norm_ndim", self.norm_ndim, f"1..{len(self.shape)} for shape {self.shape}")
-        if self.op == "batch_norm":
+        if self.op == BATCH_NORM:
             if len(self.shape) < 2:
                 raise _fail("shape", self.shape, "(N, C) or (N, C, L...) for op=batch_norm")
             if self.norm_ndim != 1:
@@ -176,13 +189,13 @@ class Case:
             raise _fail("layout", self.layout, "contiguous, or channels_last for a 4-d or 5-d channel op")
 
     def _check_group_shape(self) -> None:
-        minimum = 2 if self.op == "group_norm" else 3
+        minimum = 2 if self.op == GROUP_NORM else 3
         if len(self.shape) < minimum:
             allowed = "(N, C) or (N, C, spatial...)" if minimum == 2 else "(N, C, spatial...)"
             raise _fail("shape", self.shape, f"{allowed} for op={self.op}")
         if self.norm_ndim != 1:
             raise _fail("norm_ndim", self.norm_ndim, f"1 for op={self.op} (channel axis is 1)")
-        if self.op == "group_norm":
+        if self.op == GROUP_NORM:
             channels = self.shape[1]
             if self.num_groups is None or not 1 <= self.num_groups <= channels or channels % self.num_groups:
                 divisors = [g for g in range(1, channels + 1) if channels % g == 0]
@@ -214,9 +227,9 @@ class Case:
             raise _fail("residual_dtype", self.residual_dtype, f"None for op={self.op}")
         if self.norm_input != "rounded" and self.op not in ADD_OPS:
             raise _fail("norm_input", self.norm_input, f"'rounded' for op={self.op}")
-        if self.num_groups is not None and self.op != "group_norm":
+        if self.num_groups is not None and self.op != GROUP_NORM:
             raise _fail("num_groups", self.num_groups, f"None for op={self.op}")
-        if self.track_running_stats != (self.op == "batch_norm") and self.op != "instance_norm":
+        if self.track_running_stats != (self.op == BATCH_NORM) and self.op != INSTANCE_NORM:
             raise _fail(
                 "track_running_stats", self.track_running_stats, f"{self.op == 'batch_norm'} for op={self.op}"
             )
@@ -225,7 +238,7 @@ class Case:
             allowed = (
                 "False for op="
                 + self.op
-                + ("" if self.op != "instance_norm" else " without track_running_stats")
+                + ("" if self.op != INSTANCE_NORM else " without track_running_stats")
             )
             raise _fail("training", self.training, allowed)
         if not self.training and self.momentum != 0.1:
@@ -266,7 +279,7 @@ class Case:
             flags.append(f"off{float(self.weight_offset)!r}")
         if self.num_groups is not None:
             flags.append(f"g{self.num_groups}")
-        if self.op == "instance_norm" and self.track_running_stats and not self.training:
+        if self.op == INSTANCE_NORM and self.track_running_stats and not self.training:
             flags.append("track")
         if self.training:
             flags.append(f"train-m{float(self.momentum)!r}" if self.momentum is not None else "train-mNone")
@@ -289,7 +302,7 @@ class Case:
             "multi_axis": self.norm_ndim > 1,
             "param_dtype": self.weight_dtype != self.dtype,
             "momentum_none": self.training and self.momentum is None,
-            "running_stats": self.op == "instance_norm" and bool(self.track_running_stats),
+            "running_stats": self.op == INSTANCE_NORM and bool(self.track_running_stats),
             "channels_last": self.layout == "channels_last",
             "residual_dtype": self.residual_dtype is not None,
             "exact_sum": self.norm_input == "exact",
@@ -300,7 +313,7 @@ class Case:
         record = asdict(self)
         usual = {
             "num_groups": None,
-            "track_running_stats": self.op == "batch_norm",
+            "track_running_stats": self.op == BATCH_NORM,
             "layout": "contiguous",
             "residual_dtype": None,
             "norm_input": "rounded",
@@ -339,14 +352,14 @@ class Case:
     @property
     def groups(self) -> int:
         """Channel groups per sample of GroupNorm/InstanceNorm (InstanceNorm: one per channel); else 1."""
-        if self.op == "group_norm":
+        if self.op == GROUP_NORM:
             return int(self.num_groups or 1)
-        return self.shape[1] if self.op == "instance_norm" else 1
+        return self.shape[1] if self.op == INSTANCE_NORM else 1
 
     @property
     def rows(self) -> int:
         """Independent normalization groups (LN/RMS rows, GN/IN samples x groups); BN: values per channel."""
-        if self.op == "batch_norm":
+        if self.op == BATCH_NORM:
             return self.shape[0] * math.prod(self.shape[2:])
         if self.op in GROUP_OPS:
             return self.shape[0] * self.groups

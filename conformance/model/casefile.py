@@ -14,7 +14,7 @@ class CaseFileError(ValueError):
     """The cases file is unreadable or an entry is invalid; the message names file and entry."""
 
 
-def load(path: str | Path) -> list[Case]:
+def read_cases(path: str | Path) -> list[Case]:
     file = Path(path)
     try:
         text = file.read_text()

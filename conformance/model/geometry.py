@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from conformance.model.case import GROUP_OPS, Case
+from conformance.model.case import BATCH_NORM, GROUP_OPS, Case
 
 Axes = tuple[int, ...]
 
@@ -38,7 +38,7 @@ def geometry(case: Case) -> Geometry:
         n, channels, groups = shape[0], shape[1], case.groups
         view = (n, groups, channels // groups, math.prod(shape[2:]))
         return Geometry(view, (2, 3), (0, 3), (groups, channels // groups, 1))
-    if case.op == "batch_norm":
+    if case.op == BATCH_NORM:
         axes = (0, *range(2, len(shape)))
         return Geometry(shape, axes, axes, (shape[1],) + (1,) * (len(shape) - 2))
     trailing = tuple(range(len(shape) - case.norm_ndim, len(shape)))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from conformance.model.case import ADD_OPS, GROUP_OPS, Case
+from conformance.model.case import ADD_LAYER_NORM, ADD_OPS, BATCH_NORM, GROUP_OPS, Case
 from conformance.model.dtypes import finfo, round_to
 from conformance.model.residual import exact_sum
 
@@ -40,14 +40,14 @@ def groups(case: Case) -> tuple[int, int]:
     """
     if case.op in GROUP_OPS:
         return case.rows, int(np.prod(case.shape)) // case.rows
-    if case.op == "batch_norm":
+    if case.op == BATCH_NORM:
         return case.shape[1], case.rows
     return case.rows, int(np.prod(case.shape)) // case.rows
 
 
 def _to_layout(case: Case, grouped: np.ndarray) -> np.ndarray:
     """Inverse of grouping: BN groups are channels, laid out on axis 1."""
-    if case.op != "batch_norm":
+    if case.op != BATCH_NORM:
         return grouped.reshape(case.shape)
     n, c, rest = case.shape[0], case.shape[1], case.shape[2:]
     per_channel = grouped.reshape((c, n, *rest))
@@ -185,7 +185,7 @@ def _cotangent_scale(case: Case, x: np.ndarray, residual: np.ndarray) -> np.ndar
     and its squares finite and normal in the stream dtype.
     """
     rows = exact_sum({"x": x, "residual": residual}).reshape(groups(case))
-    if case.op == "add_layer_norm":
+    if case.op == ADD_LAYER_NORM:
         rows = rows - rows.mean(axis=1, keepdims=True)
     sigma = np.sqrt(np.mean(rows * rows, axis=1) + case.eps)
     info = finfo(case.stream_dtype)

@@ -10,7 +10,16 @@ from typing import Protocol
 
 import numpy as np
 
-from conformance.model.case import Case
+from conformance.model.case import (
+    ADD_LAYER_NORM,
+    ADD_RMS_NORM,
+    BATCH_NORM,
+    GROUP_NORM,
+    INSTANCE_NORM,
+    LAYER_NORM,
+    RMS_NORM,
+    Case,
+)
 from conformance.oracle import (
     add_layer_norm,
     add_rms_norm,
@@ -32,13 +41,13 @@ class OpOracle(Protocol):
 
 
 ORACLES: Mapping[str, OpOracle] = {
-    "layer_norm": layer_norm,
-    "rms_norm": rms_norm,
-    "batch_norm": batch_norm,
-    "add_rms_norm": add_rms_norm,
-    "group_norm": group_norm,
-    "instance_norm": instance_norm,
-    "add_layer_norm": add_layer_norm,
+    LAYER_NORM: layer_norm,
+    RMS_NORM: rms_norm,
+    BATCH_NORM: batch_norm,
+    ADD_RMS_NORM: add_rms_norm,
+    GROUP_NORM: group_norm,
+    INSTANCE_NORM: instance_norm,
+    ADD_LAYER_NORM: add_layer_norm,
 }
 
 

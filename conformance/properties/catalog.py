@@ -21,7 +21,7 @@ from conformance.adapter.backend import Backend
 from conformance.adapter.execute import run_backend
 from conformance.judging import allowance
 from conformance.judging.tolerances import ToleranceTable
-from conformance.model.case import GROUP_OPS, Case
+from conformance.model.case import GROUP_NORM, GROUP_OPS, INSTANCE_NORM, Case
 from conformance.model.dtypes import round_to
 from conformance.model.geometry import geometry
 from conformance.model.inputs import PER_ROW, for_call, make_inputs
@@ -59,9 +59,9 @@ class Example:
             "eps": self.eps,
             "seed": self.seed,
         }
-        if self.op == "group_norm":
+        if self.op == GROUP_NORM:
             fields.update(shape=(self.rows, self.groups * self.width, self.features), num_groups=self.groups)
-        elif self.op == "instance_norm":
+        elif self.op == INSTANCE_NORM:
             fields.update(shape=(self.rows, self.groups, self.features))
         return Case(**{**fields, **changes})  # type: ignore[arg-type]
 

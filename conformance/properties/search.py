@@ -18,7 +18,7 @@ from conformance.adapter.execute import AdapterError
 from conformance.judging import platform
 from conformance.judging.ledger import Deviation, Ledger
 from conformance.properties.catalog import EPSILONS, Example, Property, PropertyContext, Violation
-from conformance.results.records import PropertyRecord
+from conformance.results.properties import PropertyRecord
 
 # Examples per property and backend in each profile (times the property's weight): a few seconds
 # per backend in `ci` for the torch adapters on a CPU.

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from conformance.results.benchjson import Benchmark
-from conformance.results.records import Header, Result
+from conformance.results.header import Header
+from conformance.results.result import Result
 from conformance.results.runs import BAD_OUTCOMES, GOOD_OUTCOMES
 
 Key = tuple[str, str, str]

@@ -41,7 +41,7 @@ def formats(group: str = GROUP) -> list[str]:
     return sorted({ep.name for ep in metadata.entry_points(group=group)})
 
 
-def load(fmt: str, group: str = GROUP) -> Renderer:
+def find_renderer(fmt: str, group: str = GROUP) -> Renderer:
     found = [ep for ep in metadata.entry_points(group=group) if ep.name == fmt]
     if not found:
         allowed = ", ".join(formats(group)) or "(no renderer installed)"

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.results import records
-from conformance.results.records import FingerprintRecord, Header, PropertyRecord, Result, ResultsFile
+from conformance.results.fingerprints import FingerprintRecord
+from conformance.results.header import Header
+from conformance.results.properties import PropertyRecord
+from conformance.results.records import ResultsFile
+from conformance.results.result import Result
 
 BAD_OUTCOMES: frozenset[str] = frozenset({"failed", "error", "xpassed"})
 GOOD_OUTCOMES: frozenset[str] = frozenset({"passed", "xfailed"})
@@ -72,9 +76,9 @@ def worst(outcomes: Iterable[str]) -> str:
     return next((o for o in SEVERITY if o in present), "skipped")
 
 
-def load(paths: Sequence[str | Path]) -> list[Run]:
+def read_runs(paths: Sequence[str | Path]) -> list[Run]:
     """Read and group results files; raises ``SchemaError`` naming the file and record at fault."""
-    return group([records.load(path) for path in paths])
+    return group([records.read_results(path) for path in paths])
 
 
 def group(files: Sequence[ResultsFile]) -> list[Run]:

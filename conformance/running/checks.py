@@ -31,7 +31,7 @@ from conformance.model.case import Case
 from conformance.model.inputs import for_call, make_inputs
 from conformance.model.outputs import forward_outputs, grad_outputs, output_shape, produced, training_outputs
 from conformance.results import stored
-from conformance.results.records import Result
+from conformance.results.result import Result
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ from conformance.judging import platform
 from conformance.judging.ledger import Deviation, Ledger
 from conformance.judging.platform import Platform
 from conformance.model.case import Case
-from conformance.results.records import PropertyRecord, Record, Result
+from conformance.results.properties import PropertyRecord
+from conformance.results.records import Record
+from conformance.results.result import Result
 from conformance.running.checks import CHECK_NAMES
 
 

@@ -17,15 +17,11 @@ from conformance.adapter import listing, registry
 from conformance.adapter.backend import Capabilities
 from conformance.adapter.opening import Absent, Opened, open_backend
 from conformance.model.case import Case
-from conformance.results.records import (
-    FingerprintRecord,
-    PropertyRecord,
-    Record,
-    Result,
-    from_dict,
-    header,
-    write_atomic,
-)
+from conformance.results.fingerprints import FingerprintRecord
+from conformance.results.header import header_record
+from conformance.results.properties import PropertyRecord
+from conformance.results.records import Record, from_dict, write_atomic
+from conformance.results.result import Result
 from conformance.running import checks, flags, observed, outcomes, shard, summary
 from conformance.running.nodeid import NODE_ID
 from conformance.running.settings import Settings, SettingsError
@@ -184,7 +180,7 @@ class RunState:
         for name in s.backends:
             loaded = self.backend(name)
             backends[name] = _backend_field(loaded)
-        return header(
+        return header_record(
             self.config.rootpath,
             profile=None if s.cases_file else s.profile,
             cases_file=s.cases_file,

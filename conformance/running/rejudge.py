@@ -28,7 +28,9 @@ from conformance.judging.tolerances import ToleranceTable
 from conformance.judging.verdict import Evidence, compare_outputs, judge
 from conformance.model.case import Case, CaseError
 from conformance.results import stored as stored_outputs
-from conformance.results.records import Result, SchemaError, from_dict, text
+from conformance.results.records import from_dict, text
+from conformance.results.result import Result
+from conformance.results.schema import SchemaError
 from conformance.running import observed
 from conformance.running.checks import CHECKS, materials
 

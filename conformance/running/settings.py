@@ -20,7 +20,7 @@ def load_ledger(
 ) -> ledger.Ledger:
     """The built-in entries (unless ``builtin`` is False) and those of ``path``, their ``check`` one of
     the checks or properties."""
-    return ledger.load(path, (*CHECK_NAMES, *PROPERTIES), builtin=builtin, strict=strict)
+    return ledger.read_ledger(path, (*CHECK_NAMES, *PROPERTIES), builtin=builtin, strict=strict)
 
 
 # --max-timeouts: after this many hung cases of one backend (in one process) its remaining tests are
@@ -63,7 +63,7 @@ def _cases(
     profile: str, cases_file: str | None, ops: tuple[str, ...] | None, dtypes: tuple[str, ...] | None
 ) -> tuple[Case, ...]:
     if cases_file is not None:
-        chosen = casefile.load(cases_file)
+        chosen = casefile.read_cases(cases_file)
     else:
         if profile not in profiles.PROFILES:
             raise SettingsError(
@@ -119,7 +119,7 @@ def build(
             cases_file=cases_file,
             results=results,
             timeout=timeout,
-            tolerances=tolerances.load(tolerances_path),
+            tolerances=tolerances.read_tolerances(tolerances_path),
             ledger=load_ledger(extra, builtin=builtin_ledger, strict=strict_ledger),
             tolerances_option=tolerances_path,
             ledger_option=extra,

@@ -6,7 +6,11 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from conformance.fingerprint import QUESTIONS
-from conformance.results.records import OUTCOMES, FingerprintRecord, PropertyRecord, Record, Result
+from conformance.results.fingerprints import FingerprintRecord
+from conformance.results.properties import PropertyRecord
+from conformance.results.records import Record
+from conformance.results.result import Result
+from conformance.results.schema import OUTCOMES
 from conformance.running.outcomes import SKIPPING
 
 

@@ -16,7 +16,8 @@ import pytest
 from conformance import fingerprint
 from conformance.adapter.opening import Absent
 from conformance.properties import catalog, search
-from conformance.results.records import FingerprintRecord, PropertyRecord
+from conformance.results.fingerprints import FingerprintRecord
+from conformance.results.properties import PropertyRecord
 from conformance.running import outcomes, plugin
 
 

@@ -27,7 +27,7 @@ from conformance.model.case import Case
 from conformance.model.geometry import geometry
 from conformance.model.inputs import make_inputs
 
-TABLE = tolerances.load()
+TABLE = tolerances.read_tolerances()
 OPS = ("group_norm", "instance_norm")
 
 

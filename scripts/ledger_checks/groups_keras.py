@@ -34,7 +34,7 @@ from conformance.model.dtypes import round_to
 from conformance.model.geometry import geometry
 from conformance.model.inputs import make_inputs
 
-TABLE = tolerances.load()
+TABLE = tolerances.read_tolerances()
 
 
 def outputs(backend, case, inputs, grad):

@@ -34,7 +34,7 @@ from conformance.model.case import Case
 from conformance.model.dtypes import round_to
 from conformance.model.inputs import make_inputs
 
-TABLE = tolerances.load()
+TABLE = tolerances.read_tolerances()
 BACKENDS = {b.name: b for b in (TorchNN(), TorchFunctional(), TorchEager())}
 
 

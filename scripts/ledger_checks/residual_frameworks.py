@@ -83,7 +83,7 @@ class Checker:
         from backends.flax import linen as flax_linen
         from backends.keras import layers as keras_layers
 
-        self.table = tolerances.load()
+        self.table = tolerances.read_tolerances()
         made: dict[str, Callable[[], Any]] = {
             "flax": flax_linen.FlaxLinen,
             "keras": keras_layers.KerasTorch,

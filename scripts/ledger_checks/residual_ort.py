@@ -40,14 +40,14 @@ import ml_dtypes
 import numpy as np
 
 from conformance import oracle
-from conformance.judging.tolerances import load
+from conformance.judging.tolerances import read_tolerances
 from conformance.judging.verdict import compare_outputs
 from conformance.model import residual
 from conformance.model.case import ADD_OPS, Case
 from conformance.model.inputs import make_inputs
 from conformance.model.outputs import forward_outputs
 
-TOLERANCES = load()
+TOLERANCES = read_tolerances()
 BACKENDS = ("onnxruntime", "onnxruntime-contrib", "openvino", "openvino-default")
 
 

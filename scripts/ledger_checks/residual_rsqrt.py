@@ -31,7 +31,7 @@ from conformance.model import residual
 from conformance.model.case import ADD_OPS, Case
 from conformance.model.inputs import make_inputs
 
-TABLE = tolerances.load()
+TABLE = tolerances.read_tolerances()
 GRADS = ("dx", "dresidual")
 
 

@@ -51,7 +51,7 @@ from conformance.model.inputs import for_call, make_inputs
 from conformance.model.profiles import cases as profile_cases
 from conformance.running.settings import load_ledger
 
-TABLE = tolerances.load()
+TABLE = tolerances.read_tolerances()
 BACKENDS: dict[str, Any] = {b.name: b for b in (TorchNN(), TorchFunctional(), TorchEager())}
 GRAD_CHECKS = ("backward", "determinism", "inputs_unchanged", "aliasing")
 

@@ -10,7 +10,7 @@ import pytest
 from conformance.adapter.backend import Capabilities
 from conformance.adapter.memory import Span, UnlocatableBuffer, Watch, problems, span
 from conformance.judging.ledger import Ledger
-from conformance.judging.tolerances import load
+from conformance.judging.tolerances import read_tolerances
 from conformance.model.case import Case
 from conformance.running.checks import CheckContext, run_check
 
@@ -132,7 +132,7 @@ class _Reporting:
 def test_buffers_that_cannot_be_located_are_that_backends_error() -> None:
     backend = _Reporting()
     case = Case("layer_norm", (2, 8), "float32", 1e-5)
-    ctx = CheckContext(load(), Ledger("", "", ()), 30.0)
+    ctx = CheckContext(read_tolerances(), Ledger("", "", ()), 30.0)
     result = run_check("aliasing", backend, backend.capabilities(), case, ctx)
     assert result.outcome == "error"
     assert "buffers()['x'] is str" in result.reason

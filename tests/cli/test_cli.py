@@ -11,7 +11,7 @@ import pytest
 
 from conformance.adapter import registry
 from conformance.cli import commands, launch, main
-from conformance.results.records import SCHEMA_VERSION
+from conformance.results.schema import SCHEMA_VERSION
 
 from support.reports import BENCH_SMALL, EVIL, case, result, standard_records, write
 

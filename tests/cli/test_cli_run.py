@@ -97,7 +97,7 @@ def test_run_with_a_failing_backend_exits_1_and_still_reports(tmp_path):
     text = (tmp_path / "report.html").read_text()
     assert "Failures (0)" not in text and "fake-bias-ignored" in text and "reproduce: <code>pytest" in text
     # --save-failures reaches pytest: a replayable bundle per failed comparison, named in the results.
-    failed = [r for r in runs.load([tmp_path / "results.jsonl"])[0].records if r.outcome == "failed"]
+    failed = [r for r in runs.read_runs([tmp_path / "results.jsonl"])[0].records if r.outcome == "failed"]
     named = {Path(r.extra["bundle"]) for r in failed if r.check in ("forward", "backward")}
     assert named and named == {p.parent for p in (tmp_path / "bundles").rglob("bundle.json")}
 
@@ -162,7 +162,7 @@ def test_run_writes_results_report_summary_and_shards_merge(tmp_path):
     assert '<section id="matrix">' in (shard1 / "report.html").read_text()
     assert (shard1 / "summary.md").read_text().startswith("## normconf report")
     assert "passed" in (shard1 / "pytest.log").read_text()
-    loaded = [runs.load([tmp_path / f"shard{k}" / "results.jsonl"])[0] for k in (1, 2)]
+    loaded = [runs.read_runs([tmp_path / f"shard{k}" / "results.jsonl"])[0] for k in (1, 2)]
     assert [r.header.shard for r in loaded] == [(1, 2), (2, 2)]
     assert all(r.outcome == "passed" and r.backend == "fake-numpy" for run in loaded for r in run.records)
     # The two shards split the cases between them: disjoint, and together every case once.
@@ -176,5 +176,5 @@ def test_run_writes_results_report_summary_and_shards_merge(tmp_path):
     assert status == 0, err
     text = (tmp_path / "merged.html").read_text()
     assert "from 1 run(s)" in text and "(shard 1/2)" in text and "(shard 2/2)" in text
-    merged = runs.load(results)
+    merged = runs.read_runs(results)
     assert len(merged) == 1 and {r.case_id for r in merged[0].records} == expected

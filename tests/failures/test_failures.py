@@ -28,7 +28,7 @@ from conformance.running import checks
 import fakes.core  # noqa: F401  (registers the fake backends)
 from support.suite import ROOT, TESTS
 
-TABLE = tolerances.load()
+TABLE = tolerances.read_tolerances()
 
 
 def _first(backend, case, check="forward"):

@@ -15,7 +15,7 @@ from conformance.fingerprint.emulate import REFERENCE, emulate
 from conformance.model.case import Case
 from conformance.model.dtypes import round_to
 from conformance.model.inputs import make_inputs
-from conformance.results.records import load
+from conformance.results.records import read_results
 from conformance.running import checks
 
 from fakes.core import NumpyFake
@@ -315,7 +315,7 @@ def test_suite_run_records_fingerprints_and_properties_and_prints_their_tables(s
         "smoke",
     )
     assert run.returncode == 1, run.output[-3000:]
-    loaded = load(run.results)
+    loaded = read_results(run.results)
     answers = {(r.backend, r.question): r for r in loaded.fingerprints}
     assert {q for _, q in answers} == {n for n, q in QUESTIONS.items() if q.op == "layer_norm"}
     assert answers["fake-bias-ignored", "layer_norm.bias"].answer == "ignored"

@@ -21,7 +21,7 @@ from conformance.model.inputs import make_inputs
 from conformance.model.outputs import output_dtype, produced
 from conformance.model.profiles import PROFILES, cases
 
-TABLE = tolerances.load()
+TABLE = tolerances.read_tolerances()
 # What every profile must walk of GroupNorm and InstanceNorm: every output they produce.
 GROUP_OUTPUTS = {("group_norm", o) for o in ("y", "dx", "dweight", "dbias")} | {
     ("instance_norm", o) for o in ("y", "dx", "dweight", "dbias", "running_mean", "running_var")

@@ -11,7 +11,7 @@ import pytest
 from conformance.judging.allowance import Factors
 from conformance.judging.compare import compare
 from conformance.judging.tolerances import Tolerance
-from conformance.results.records import jsonable
+from conformance.results.schema import jsonable
 
 INF = math.inf
 NAN = math.nan

@@ -267,7 +267,7 @@ def test_group_norm_with_one_group_is_judged_as_layer_norm_over_channels_and_len
 
 # --- edges the profiles leave out -----------------------------------------------------------------
 
-TABLE = tolerances.load()
+TABLE = tolerances.read_tolerances()
 
 
 def largest_allowance(case: Case, output: str, inputs: Arrays, expected: Arrays) -> float:

@@ -237,7 +237,7 @@ ROUNDING = (
 
 
 def _biased(shift: float, ratio: float = 0.5):
-    from conformance.results.records import ComparisonRecord, RoundingRecord, ToleranceRecord
+    from conformance.results.result import ComparisonRecord, RoundingRecord, ToleranceRecord
 
     tol = ToleranceRecord(0.01, 0.01, 0.0, "t", "w", 0.01)
     rounding = RoundingRecord(shift, 0.01, 0.0, 0.01, 2000, 0.12)

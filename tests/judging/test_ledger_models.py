@@ -211,7 +211,7 @@ def _judged(backend: str, case: Case, check: str, model: str, tmp_path) -> Verdi
     inputs, expected = materials(case)
     grad = check == "backward"
     actual = fake.compute(case, for_call(inputs, grad=grad), grad)
-    table = tolerances.load()
+    table = tolerances.read_tolerances()
     comparisons = compare_outputs(case, inputs, expected, actual, SPECS[check].outputs(case), table)
     evidence = Evidence(inputs, expected, actual, table)
     return judge(backend, case, check, comparisons, ledger, "x", None, None, evidence)
@@ -270,7 +270,7 @@ def test_each_model_explains_its_deviation_and_not_a_near_miss(model, fake, near
     answer = models.resolve(model)(case, inputs)
     names = tuple(c.output for c in verdict.comparisons if c.explained is not None)
     assert not any(
-        c.passed for c in compare_outputs(case, inputs, expected, answer, names, tolerances.load())
+        c.passed for c in compare_outputs(case, inputs, expected, answer, names, tolerances.read_tolerances())
     )
     missed = _judged(near, case, check, model, tmp_path)
     assert missed.outcome == "failed", missed.reason
@@ -312,7 +312,7 @@ def test_a_bias_only_failure_keeps_the_live_explanation_of_the_same_model_when_r
         )
         inputs, expected = materials(case)
         bare = dataclasses.replace(y, explained=None)
-        evidence = Evidence(inputs, expected, {}, tolerances.load(), recorded)
+        evidence = Evidence(inputs, expected, {}, tolerances.read_tolerances(), recorded)
         ledger = load_ledger(str(path), builtin=False)
         fake = "fake-truncating-convert"
         verdict = judge(fake, case, "forward", (bare,), ledger, "x", None, None, evidence)
@@ -357,7 +357,7 @@ def test_a_model_that_overflows_on_purpose_is_judged_not_raised(tmp_path):
     inputs, expected = materials(case)
     with np.errstate(over="ignore", invalid="ignore"):
         actual = FAKES["fake-float64-in-float32"]().compute(case, for_call(inputs, grad=False), False)
-    table = tolerances.load()
+    table = tolerances.read_tolerances()
     path = tmp_path / "l.toml"
     path.write_text(entry('"fake-float64-in-float32"', 'model = "float32_execution"'))
     comparisons = compare_outputs(case, inputs, expected, actual, ("y",), table)

@@ -13,7 +13,7 @@ from conformance.judging import rounding
 from conformance.judging.compare import compare
 from conformance.judging.tolerances import Tolerance
 from conformance.model.dtypes import round_to
-from conformance.results.records import ComparisonRecord, RoundingRecord
+from conformance.results.result import ComparisonRecord, RoundingRecord
 
 from fakes.core import directed
 

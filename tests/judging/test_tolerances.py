@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from conformance.judging import tolerances
-from conformance.judging.tolerances import KEYS, ToleranceError, load
+from conformance.judging.tolerances import KEYS, ToleranceError, read_tolerances
 from conformance.model.case import DISTS
 from conformance.model.dtypes import DTYPES
 
@@ -18,7 +18,7 @@ COMPARED_OUTPUTS = ("y", "dx", "dweight", "dbias", "running_mean", "running_var"
 
 @pytest.fixture(scope="module")
 def builtin():
-    return load()
+    return read_tolerances()
 
 
 def write(tmp_path, body: str, name: str = "tol.toml"):
@@ -83,7 +83,7 @@ def test_most_specific_rule_wins(tmp_path):
             dist="offset",
         ),
     )
-    table = load(path)
+    table = read_tolerances(path)
     assert table.lookup("rms_norm", "dx", "float16", "normal").rtol == 1
     assert table.lookup("rms_norm", "y", "float16", "normal").rtol == 2
     assert table.lookup("rms_norm", "y", "float32", "offset").rtol == 3
@@ -95,19 +95,19 @@ def test_most_specific_rule_wins(tmp_path):
 
 
 def test_star_means_any(tmp_path):
-    table = load(write(tmp_path, rule(op="*", output="y")))
+    table = read_tolerances(write(tmp_path, rule(op="*", output="y")))
     assert table.rules[0].op is None
     assert table.lookup("batch_norm", "y", "float16", "large").source == "tol.toml rule[0] output=y"
 
 
 def test_cond_defaults_to_zero_and_why_is_stripped(tmp_path):
-    table = load(write(tmp_path, rule(why="  padded  ", output="y")))
+    table = read_tolerances(write(tmp_path, rule(why="  padded  ", output="y")))
     assert table.rules[0].cond == 0.0
     assert table.rules[0].why == "padded"
 
 
 def test_no_matching_rule_names_the_query(tmp_path):
-    table = load(write(tmp_path, rule(output="y")))
+    table = read_tolerances(write(tmp_path, rule(output="y")))
     with pytest.raises(
         ToleranceError, match="no rule matches op=layer_norm output=dx dtype=float32 dist=normal"
     ):
@@ -149,7 +149,7 @@ def test_no_matching_rule_names_the_query(tmp_path):
 def test_malformed_rule_names_file_rule_and_field(tmp_path, body, index, words):
     path = write(tmp_path, body)
     with pytest.raises(ToleranceError) as info:
-        load(path)
+        read_tolerances(path)
     message = str(info.value)
     assert message.startswith(f"{path}: rule[{index}]: ")
     for word in words:
@@ -161,7 +161,7 @@ def test_equally_specific_overlapping_rules_tie(tmp_path):
         tmp_path, rule(output="dx") + rule(op="layer_norm", output="y") + rule(output="y", dtype="float32")
     )
     with pytest.raises(ToleranceError) as info:
-        load(path)
+        read_tolerances(path)
     message = str(info.value)
     assert message.startswith(f"{path}: ")
     assert "rule[1] op=layer_norm output=y and rule[2] output=y dtype=float32 tie" in message
@@ -174,17 +174,19 @@ def test_a_more_specific_rule_breaks_a_tie(tmp_path):
         + rule(output="y", dtype="float32")
         + rule(op="layer_norm", output="y", dtype="float32", rtol=7)
     )
-    assert load(write(tmp_path, body)).lookup("layer_norm", "y", "float32", "normal").rtol == 7
+    assert read_tolerances(write(tmp_path, body)).lookup("layer_norm", "y", "float32", "normal").rtol == 7
 
 
 def test_disjoint_equally_specific_rules_do_not_tie(tmp_path):
-    table = load(write(tmp_path, rule(output="y", dtype="float32") + rule(output="y", dtype="float16")))
+    table = read_tolerances(
+        write(tmp_path, rule(output="y", dtype="float32") + rule(output="y", dtype="float16"))
+    )
     assert len(table.rules) == 2
 
 
 def test_duplicate_rules_tie(tmp_path):
     with pytest.raises(ToleranceError, match=r"rule\[0\] output=y and rule\[1\] output=y tie"):
-        load(write(tmp_path, rule(output="y") + rule(output="y")))
+        read_tolerances(write(tmp_path, rule(output="y") + rule(output="y")))
 
 
 @pytest.mark.parametrize(
@@ -199,7 +201,7 @@ def test_duplicate_rules_tie(tmp_path):
 def test_unreadable_or_empty_file_names_it(tmp_path, body, words):
     path = write(tmp_path, body)
     with pytest.raises(ToleranceError) as info:
-        load(path)
+        read_tolerances(path)
     assert str(info.value).startswith(f"{path}: ")
     assert words in str(info.value)
 
@@ -207,7 +209,7 @@ def test_unreadable_or_empty_file_names_it(tmp_path, body, words):
 def test_missing_file_names_it(tmp_path):
     path = tmp_path / "absent.toml"
     with pytest.raises(ToleranceError, match=r"absent\.toml: cannot read tolerance file") as info:
-        load(path)
+        read_tolerances(path)
     assert isinstance(info.value.__cause__, OSError)
 
 
@@ -229,4 +231,4 @@ def test_infinite_tolerance_is_refused(tmp_path):
     with pytest.raises(
         ToleranceError, match=r"rule\[0\]: rtol=inf is not allowed; allowed: a finite number >= 0"
     ):
-        tolerances.load(path)
+        tolerances.read_tolerances(path)

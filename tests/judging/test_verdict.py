@@ -18,7 +18,7 @@ EXPECTED = np.array([1.0, -2.0, 0.5, 4.0])
 
 @pytest.fixture(scope="module")
 def table():
-    return tolerances.load()
+    return tolerances.read_tolerances()
 
 
 def ratio_of(table, output: str, ratio: float):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conformance.model.case import Case
-from conformance.model.casefile import CaseFileError, load
+from conformance.model.casefile import CaseFileError, read_cases
 
 LN = Case("layer_norm", (4, 8), "float32", 1e-5)
 BN = Case("batch_norm", (6, 3, 5), "bfloat16", 1e-5, training=True, momentum=None, bias=False)
@@ -21,14 +21,14 @@ def write(tmp_path, name: str, text: str):
 
 def test_json_list_loads(tmp_path):
     path = write(tmp_path, "cases.json", json.dumps([LN.to_dict(), BN.to_dict()]))
-    assert load(path) == [LN, BN]
+    assert read_cases(path) == [LN, BN]
 
 
 def test_json_entries_need_only_the_required_fields(tmp_path):
     path = write(
         tmp_path, "cases.json", '[{"op": "layer_norm", "shape": [4, 8], "dtype": "float32", "eps": 1e-5}]'
     )
-    assert load(path) == [LN]
+    assert read_cases(path) == [LN]
 
 
 def test_toml_case_array_loads(tmp_path):
@@ -37,21 +37,21 @@ def test_toml_case_array_loads(tmp_path):
         '[[case]]\nop = "batch_norm"\nshape = [6, 3, 5]\ndtype = "bfloat16"\neps = 1e-5\n'
         "training = true\nbias = false\n"
     )
-    cases = load(write(tmp_path, "cases.toml", text))
+    cases = read_cases(write(tmp_path, "cases.toml", text))
     assert cases[0] == LN
     assert cases[1] == Case("batch_norm", (6, 3, 5), "bfloat16", 1e-5, training=True, bias=False)
 
 
 def test_path_may_be_a_string(tmp_path):
     path = write(tmp_path, "cases.json", json.dumps([LN.to_dict()]))
-    assert load(str(path)) == [LN]
+    assert read_cases(str(path)) == [LN]
 
 
 def test_duplicate_cases_are_listed_once_in_order(tmp_path):
     path = write(
         tmp_path, "cases.json", json.dumps([LN.to_dict(), BN.to_dict(), {**LN.to_dict(), "id": "x"}])
     )
-    assert load(path) == [LN, BN]
+    assert read_cases(path) == [LN, BN]
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_duplicate_cases_are_listed_once_in_order(tmp_path):
 def test_bad_file_names_the_file(tmp_path, name, text, words):
     path = write(tmp_path, name, text)
     with pytest.raises(CaseFileError) as info:
-        load(path)
+        read_cases(path)
     message = str(info.value)
     assert message.startswith(f"--cases={path}: ")
     assert words in message
@@ -91,7 +91,7 @@ def test_bad_file_names_the_file(tmp_path, name, text, words):
 def test_bad_entry_names_the_file_and_its_index(tmp_path, bad, words):
     path = write(tmp_path, "cases.json", json.dumps([LN.to_dict(), BN.to_dict(), bad]))
     with pytest.raises(CaseFileError) as info:
-        load(path)
+        read_cases(path)
     message = str(info.value)
     assert message.startswith(f"--cases={path}: entry 2: ")
     assert words in message
@@ -104,23 +104,23 @@ def test_bad_toml_entry_names_its_index(tmp_path):
     )
     path = write(tmp_path, "cases.toml", text)
     with pytest.raises(CaseFileError, match=r"entry 1: missing Case field\(s\) \['dtype', 'eps', 'shape'\]"):
-        load(path)
+        read_cases(path)
 
 
 def test_parse_error_chains_the_cause(tmp_path):
     with pytest.raises(CaseFileError) as info:
-        load(write(tmp_path, "cases.json", "[{"))
+        read_cases(write(tmp_path, "cases.json", "[{"))
     assert isinstance(info.value.__cause__, json.JSONDecodeError)
 
 
 def test_missing_file_names_it(tmp_path):
     path = tmp_path / "absent.json"
     with pytest.raises(CaseFileError, match=r"absent\.json: cannot read"):
-        load(path)
+        read_cases(path)
 
 
 def test_undecodable_file_names_it(tmp_path):
     path = tmp_path / "cases.json"
     path.write_bytes(b"\xff\xfe[{}]")
     with pytest.raises(CaseFileError, match=r"cases\.json"):
-        load(path)
+        read_cases(path)

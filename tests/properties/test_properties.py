@@ -22,7 +22,7 @@ from fakes.core import NumpyFake
 from fakes.group import GroupFake
 from fakes.property import BREAKS, OracleBackend
 
-TABLE = tolerances.load()
+TABLE = tolerances.read_tolerances()
 CTX = PropertyContext(TABLE, timeout=30, grad=True)
 # Enough examples that every broken fake is found; the correct backends must survive the same draw.
 EXAMPLES = 20

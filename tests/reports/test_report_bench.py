@@ -76,7 +76,7 @@ def _table(tmp_path, baseline=None):
         result("torch-nn", case(id=LN)),
         result("torch-eager", case(id=LN), outcome="failed", ratios=(3.0,)),
     ]
-    loaded = runs.load([write(tmp_path / "r.jsonl", records)])
+    loaded = runs.read_runs([write(tmp_path / "r.jsonl", records)])
     return bench.bench_table([benchjson.read(SMALL)], loaded, baseline)
 
 

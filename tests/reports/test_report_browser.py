@@ -65,7 +65,9 @@ def report(tmp_path_factory):
         *convention_records("added-to-std"),
     ]
     new = write(folder / "new.jsonl", changed)
-    data = render.ReportInput(tuple(runs.load([base, new])), (benchjson.read(BENCH_SMALL),), "torch-eager")
+    data = render.ReportInput(
+        tuple(runs.read_runs([base, new])), (benchjson.read(BENCH_SMALL),), "torch-eager"
+    )
     target = folder / "report.html"
     target.write_text(html.render(data))
     return target
@@ -178,7 +180,7 @@ def test_phone_width_and_dark_mode(browser, report):
 def test_a_ci_sized_report_opens_in_under_two_seconds(browser, tmp_path):
     path = write(tmp_path / "ci.jsonl", ci_sized_records(), profile="ci")
     target = tmp_path / "ci.html"
-    target.write_text(html.render(render.ReportInput(tuple(runs.load([path])))))
+    target.write_text(html.render(render.ReportInput(tuple(runs.read_runs([path])))))
     assert target.stat().st_size < 5_000_000
     page, requests, _ = _open(browser, target)
     load_ms = page.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd")

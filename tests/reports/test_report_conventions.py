@@ -15,7 +15,7 @@ def _runs(tmp_path, *variants: str):
         paths.append(
             write(tmp_path / f"r{i}" / "results.jsonl", [*standard_records(), *convention_records(eps)])
         )
-    return runs.load(paths)
+    return runs.read_runs(paths)
 
 
 def test_conventions_mark_answers_that_differ_from_the_reference(tmp_path):
@@ -47,7 +47,7 @@ def test_properties_show_the_counterexample_of_a_failure(tmp_path):
 
 
 def test_no_sections_without_fingerprints_or_properties(tmp_path):
-    loaded = runs.load([write(tmp_path / "r.jsonl", standard_records())])
+    loaded = runs.read_runs([write(tmp_path / "r.jsonl", standard_records())])
     assert conventions.conventions(loaded) is None and conventions.properties(loaded) is None
     text = html.render(render.ReportInput(tuple(loaded)))
     assert 'id="conventions"' not in text and 'id="properties"' not in text

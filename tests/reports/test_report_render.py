@@ -15,14 +15,14 @@ from support.reports import BENCH_SMALL, EVIL, ci_sized_records, standard_record
 
 @pytest.fixture
 def data(tmp_path):
-    return render.ReportInput(tuple(runs.load([write(tmp_path / "run.jsonl", standard_records())])))
+    return render.ReportInput(tuple(runs.read_runs([write(tmp_path / "run.jsonl", standard_records())])))
 
 
 def test_renderers_are_found_through_entry_points():
     assert {"html", "md"} <= set(render.formats())
-    assert render.load("html") is html.render and render.load("md") is markdown.render
+    assert render.find_renderer("html") is html.render and render.find_renderer("md") is markdown.render
     with pytest.raises(render.RendererError, match="--format='pdf' is not allowed; allowed: html, md"):
-        render.load("pdf")
+        render.find_renderer("pdf")
 
 
 def test_html_has_every_section_and_is_self_contained(data):
@@ -51,7 +51,7 @@ def test_benchmarks_and_comparison_sections_appear_when_given(tmp_path):
     changed[0] = {**changed[0], "outcome": "failed", "reason": "x [forward]\nnow broken"}
     new = write(tmp_path / "new.jsonl", changed)
     data = render.ReportInput(
-        tuple(runs.load([base, new])), (benchjson.read(BENCH_SMALL),), baseline="torch-eager"
+        tuple(runs.read_runs([base, new])), (benchjson.read(BENCH_SMALL),), baseline="torch-eager"
     )
     text = html.render(data)
     assert '<section id="benchmarks">' in text and '<section id="comparison">' in text
@@ -78,7 +78,7 @@ def test_markdown_fence_outgrows_backticks_in_the_text():
 def test_ci_sized_report_stays_small_and_fast_to_build(tmp_path):
     path = write(tmp_path / "ci.jsonl", ci_sized_records(), profile="ci")
     start = time.perf_counter()
-    text = html.render(render.ReportInput(tuple(runs.load([path]))))
+    text = html.render(render.ReportInput(tuple(runs.read_runs([path]))))
     elapsed = time.perf_counter() - start
     assert len(text.encode()) < 5_000_000, len(text.encode())
     assert elapsed < 20, elapsed
@@ -104,7 +104,7 @@ def test_rounding_section_shows_bias_per_backend_and_dtype(tmp_path):
         )
         record["comparisons"] = [comparison]
         records.append(record)
-    data = render.ReportInput(tuple(runs.load([write(tmp_path / "run.jsonl", records)])))
+    data = render.ReportInput(tuple(runs.read_runs([write(tmp_path / "run.jsonl", records)])))
     text = html.render(data)
     assert '<section id="rounding">' in text
     row = re.search(r"<td>fake-trunc</td><td>bfloat16</td>(.*?)</tr>", text).group(1)

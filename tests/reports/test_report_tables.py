@@ -15,7 +15,7 @@ from support.reports import EVIL, case, result, standard_records, write
 
 @pytest.fixture
 def one_run(tmp_path):
-    return runs.load([write(tmp_path / "run.jsonl", standard_records())])
+    return runs.read_runs([write(tmp_path / "run.jsonl", standard_records())])
 
 
 def test_columns_are_backends_and_get_the_run_label_only_when_names_repeat(tmp_path):
@@ -23,8 +23,8 @@ def test_columns_are_backends_and_get_the_run_label_only_when_names_repeat(tmp_p
         (tmp_path / name).mkdir()
     a = write(tmp_path / "a" / "results.jsonl", standard_records())
     b = write(tmp_path / "b" / "results.jsonl", standard_records())
-    assert [c.key for c in tables.columns(runs.load([a]))] == ["alpha", "beta"]
-    two = runs.load([a, b])
+    assert [c.key for c in tables.columns(runs.read_runs([a]))] == ["alpha", "beta"]
+    two = runs.read_runs([a, b])
     assert [r.label for r in two] == ["a/results", "b/results"]
     assert [c.key for c in tables.columns(two)] == [
         "alpha · a/results",
@@ -103,7 +103,7 @@ def test_deviations_come_from_the_ledger_entries_the_run_recorded(tmp_path):
         "note": "the order of its sums is unknown",
     }
     ledger = {"path": "/nowhere/ledger.toml", "sha256": "1" * 64, "entries": [entry]}
-    d = sections.deviations(runs.load([write(tmp_path / "r.jsonl", standard_records(), ledger=ledger)]))
+    d = sections.deviations(runs.read_runs([write(tmp_path / "r.jsonl", standard_records(), ledger=ledger)]))
     assert not d.notes  # the file is not needed: the run recorded its entries
     (row,) = d.rows
     assert row.reason == "beta rounds twice" and row.band == "1 .. 4" and row.op == "rms_norm"
@@ -122,7 +122,7 @@ def test_a_deviation_shows_the_info_its_entry_requires(tmp_path):
         "info": {"inference_precision_hint": ["bf16"]},
     }
     ledger = {"path": "/nowhere/ledger.toml", "sha256": "1" * 64, "entries": [entry]}
-    d = sections.deviations(runs.load([write(tmp_path / "r.jsonl", standard_records(), ledger=ledger)]))
+    d = sections.deviations(runs.read_runs([write(tmp_path / "r.jsonl", standard_records(), ledger=ledger)]))
     (row,) = d.rows
     assert ("info.inference_precision_hint", "bf16") in row.match
 
@@ -135,7 +135,7 @@ def test_deviations_without_recorded_entries_come_from_the_results(one_run):
 
 
 def test_schema_1_deviations_without_the_ledger_file_come_from_the_results(tmp_path):
-    d = sections.deviations(runs.load([write(tmp_path / "r.jsonl", standard_records(1), schema=1)]))
+    d = sections.deviations(runs.read_runs([write(tmp_path / "r.jsonl", standard_records(1), schema=1)]))
     assert [(r.index, r.xfailed, r.measured) for r in d.rows] == [(0, 1, "2 .. 2")]
     assert "not readable here" in d.notes[0]
 
@@ -151,18 +151,20 @@ def test_schema_1_deviations_with_the_run_ledger_show_its_entries(tmp_path):
     path = write(
         tmp_path / "r.jsonl", standard_records(1), schema=1, ledger={"path": str(ledger), "sha256": sha}
     )
-    d = sections.deviations(runs.load([path]))
+    d = sections.deviations(runs.read_runs([path]))
     assert not d.notes
     (row,) = d.rows
     assert row.reason == "beta rounds twice" and row.band == "1 .. 4" and row.op == "rms_norm"
     assert ("backend", "beta") in row.match and row.xfailed == 1
     assert row.link == ""  # only http(s) links are made clickable
     ledger.write_text(ledger.read_text() + "# edited\n")
-    assert "changed since the run" in sections.deviations(runs.load([path])).notes[0]
+    assert "changed since the run" in sections.deviations(runs.read_runs([path])).notes[0]
 
 
 def test_schema_1_tolerance_rules_keep_their_keys(tmp_path):
-    y, dx, _ = sections.tolerances(runs.load([write(tmp_path / "r.jsonl", standard_records(1), schema=1)]))
+    y, dx, _ = sections.tolerances(
+        runs.read_runs([write(tmp_path / "r.jsonl", standard_records(1), schema=1)])
+    )
     assert y.keys == {"output": "y", "dtype": "float32"} and y.rule == 0
     assert dx.source == "tolerances.toml rule[2] output=dx dtype=float32" and dx.rule == 2
 
@@ -175,7 +177,7 @@ def test_coverage_counts_checks_and_features_and_unsupported(tmp_path):
         ),
         result("alpha", case(norm_ndim=2, shape=[2, 2, 8], id="ln-nd2")),
     ]
-    cov = sections.coverage(runs.load([write(tmp_path / "r.jsonl", records)]))
+    cov = sections.coverage(runs.read_runs([write(tmp_path / "r.jsonl", records)]))
     assert cov.items[:2] == ("forward", "backward")
     assert "no_weight" in cov.items and "multi_axis" in cov.items
     assert len(cov.items) == len(set(cov.items))  # the backward/training checks are not repeated as features
@@ -202,7 +204,7 @@ def test_environment_tells_broken_from_unavailable_backends(tmp_path):
         "gone": {"unavailable": "backend gone unavailable: needs torch"},
         "bad": {"unavailable": "backend bad is broken: capabilities() raised TypeError: x", "broken": True},
     }
-    env = sections.environment(runs.load([write(tmp_path / "r.jsonl", [], backends=backends)])[0])
+    env = sections.environment(runs.read_runs([write(tmp_path / "r.jsonl", [], backends=backends)])[0])
     assert ("gone", "unavailable: backend gone unavailable: needs torch") in env.backends
     assert ("bad", "broken: backend bad is broken: capabilities() raised TypeError: x") in env.backends
 
@@ -212,9 +214,9 @@ def test_shards_of_one_run_merge_and_other_files_stay_runs(tmp_path):
     one = write(tmp_path / "s1.jsonl", records[:3], shard={"index": 1, "count": 2})
     two = write(tmp_path / "s2.jsonl", records[3:], shard={"index": 2, "count": 2})
     other = write(tmp_path / "other.jsonl", records)
-    loaded = runs.load([two, one, other])
+    loaded = runs.read_runs([two, one, other])
     assert [r.label for r in loaded] == ["s2", "other"]
     assert [f.path.name for f in loaded[0].files] == ["s1.jsonl", "s2.jsonl"]
     assert len(loaded[0].records) == len(records)
     again = write(tmp_path / "s1b.jsonl", records[:3], shard={"index": 1, "count": 2})
-    assert len(runs.load([one, again])) == 2  # the same shard twice is two runs, not a merge
+    assert len(runs.read_runs([one, again])) == 2  # the same shard twice is two runs, not a merge

@@ -1,4 +1,4 @@
-"""conformance.results.records: atomic JSON Lines writes, typed records read back, schema versions."""
+"""conformance.results: atomic JSON Lines writes, typed records read back, schema versions."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import json
 import pytest
 
 from conformance.model.case import Case
-from conformance.results import records
-from conformance.results.records import SCHEMA_VERSION, Result, SchemaError, load, read_raw, write_atomic
+from conformance.results.header import header_record
+from conformance.results.records import read_raw, read_results, write_atomic
+from conformance.results.result import Result
+from conformance.results.schema import SCHEMA_VERSION, SchemaError
 
 HEADER = {"kind": "header", "schema": SCHEMA_VERSION, "time": "2024-01-01T00:00:00+00:00", "environment": {}}
 
@@ -36,14 +38,14 @@ def test_write_then_read_round_trips(tmp_path):
     header, rows = read_raw(path)
     assert header == HEADER
     assert rows == records[1:]
-    assert [r.to_dict() for r in load(path).results] == records[1:]
+    assert [r.to_dict() for r in read_results(path).results] == records[1:]
     assert leftovers(path.parent) == []
 
 
 def test_write_accepts_a_generator(tmp_path):
     path = tmp_path / "results.jsonl"
     write_atomic(path, (r for r in [HEADER, result()]))
-    assert len(load(path).results) == 1
+    assert len(read_results(path).results) == 1
 
 
 def test_failure_in_the_middle_keeps_the_old_file(tmp_path):
@@ -112,20 +114,20 @@ def test_read_rejects_with_the_file_name(tmp_path, text, words):
     path = tmp_path / "results.jsonl"
     path.write_text(text)
     with pytest.raises(SchemaError) as info:
-        load(path)
+        read_results(path)
     assert str(info.value).startswith(f"{path}: ")
     assert words in str(info.value)
 
 
 def test_read_missing_file_names_it(tmp_path):
     with pytest.raises(SchemaError, match=r"absent\.jsonl: cannot read results"):
-        load(tmp_path / "absent.jsonl")
+        read_results(tmp_path / "absent.jsonl")
 
 
 def test_read_skips_blank_lines_and_kinds_it_does_not_know(tmp_path):
     path = tmp_path / "results.jsonl"
     path.write_text(lines(HEADER) + "\n" + lines({"kind": "note", "text": "x"}, result()))
-    loaded = load(str(path))
+    loaded = read_results(str(path))
     assert [r.check for r in loaded.results] == ["forward"]
     assert (loaded.fingerprints, loaded.properties) == ((), ())
 
@@ -137,7 +139,7 @@ def test_read_rejects_a_json_line_that_is_not_an_object(tmp_path, text):
     path = tmp_path / "results.jsonl"
     path.write_text(text)
     with pytest.raises(SchemaError, match=r"results\.jsonl"):
-        load(path)
+        read_results(path)
 
 
 # ---------------------------------------------------------------- records
@@ -155,7 +157,7 @@ def test_result_to_dict_shape():
 
 
 def test_header_carries_schema_and_environment(tmp_path):
-    header = records.header(tmp_path, tolerances_sha256="abc")
+    header = header_record(tmp_path, tolerances_sha256="abc")
     assert header["kind"] == "header"
     assert header["schema"] == SCHEMA_VERSION == 2
     assert header["tolerances_sha256"] == "abc"

@@ -12,6 +12,7 @@ from pathlib import Path
 from conformance.cli import main
 from conformance.results import records, runs
 from conformance.results.diff import diff
+from conformance.results.schema import SCHEMA_VERSION
 from reports import sections
 
 from support.suite import ROOT, TESTS
@@ -20,7 +21,7 @@ SCHEMA_1 = TESTS / "data" / "results_schema1.jsonl"
 
 
 def test_schema_1_file_is_upgraded_to_typed_records():
-    loaded = records.load(SCHEMA_1)
+    loaded = records.read_results(SCHEMA_1)
     assert loaded.header.schema == 1 and loaded.header.checks[:2] == ("forward", "backward")
     xfailed = [r for r in loaded.results if r.outcome == "xfailed"]
     assert len(xfailed) == 4 and all(r.summary.startswith(("dx: ", "y: ")) for r in xfailed)
@@ -42,7 +43,7 @@ def test_schema_1_file_renders_with_the_cited_entries(tmp_path, capsys):
     assert main.main(["report", str(SCHEMA_1), "-o", str(out)]) == 0
     text = out.read_text()
     assert '<section id="matrix">' in text and "torch-eager" in text
-    rows = sections.deviations(runs.load([SCHEMA_1])).rows
+    rows = sections.deviations(runs.read_runs([SCHEMA_1])).rows
     assert [(r.index, r.xfailed) for r in rows] == [(9, 2), (11, 2), (13, 2)]
     assert main.main(["report", str(SCHEMA_1), "--format", "md"]) == 0
     assert "## normconf report" in capsys.readouterr().out
@@ -52,7 +53,7 @@ def _as_schema_2(tmp_path: Path) -> Path:
     """The same run written as schema 2: what the current writer would have written for it."""
     header, raw = records.read_raw(SCHEMA_1)
     typed = [records.from_dict(r) for r in raw]
-    current = {**header, "schema": records.SCHEMA_VERSION}
+    current = {**header, "schema": SCHEMA_VERSION}
     path = tmp_path / "results_schema2.jsonl"
     records.write_atomic(path, [current, *(r.to_dict() for r in typed if r is not None)])
     return path
@@ -60,10 +61,10 @@ def _as_schema_2(tmp_path: Path) -> Path:
 
 def test_schema_1_and_2_of_one_run_compare_equal(tmp_path, capsys):
     current = _as_schema_2(tmp_path)
-    assert [r.to_dict() for r in records.load(current).results] == [
-        r.to_dict() for r in records.load(SCHEMA_1).results
+    assert [r.to_dict() for r in records.read_results(current).results] == [
+        r.to_dict() for r in records.read_results(SCHEMA_1).results
     ]
-    base, new = runs.load([SCHEMA_1, current])
+    base, new = runs.read_runs([SCHEMA_1, current])
     changes = diff(base.records, new.records)
     assert (changes.new_failures, changes.fixed, changes.growth, changes.regression) == ((), (), (), False)
     assert changes.common == len(base.records)
@@ -103,7 +104,7 @@ def test_schema_1_failed_reason_cites_the_entry_whose_band_was_exceeded(tmp_path
         for i, name in enumerate(outputs)
     )
     path = _schema_1_file(tmp_path, [{**record, "outcome": "failed", "reason": reason}])
-    (result,) = records.load(path).results
+    (result,) = records.read_results(path).results
     assert {c.output: c.ledger for c in result.comparisons} == {
         name: (i or None) for i, name in enumerate(outputs)
     }
@@ -117,22 +118,22 @@ def test_schema_1_ledger_is_read_where_the_header_names_it_unchanged(tmp_path):
         'note = "no model yet"\nreason = "r"\n'
     )
     sha = hashlib.sha256(file.read_bytes()).hexdigest()
-    header = records.load(
+    header = records.read_results(
         _schema_1_file(tmp_path, [_first_result()], ledger={"path": str(file), "sha256": sha})
     ).header
     assert header.ledger_note == "" and header.ledger_entries
     assert header.ledger_entries[0].index == 0 and header.ledger_entries[0].reason == "r"
     # A different file at that place is not taken for the run's.
     changed = {"path": str(file), "sha256": "0" * 64}
-    header = records.load(_schema_1_file(tmp_path, [_first_result()], ledger=changed)).header
+    header = records.read_results(_schema_1_file(tmp_path, [_first_result()], ledger=changed)).header
     assert header.ledger_entries is None and "changed since the run" in header.ledger_note
     # The built-in single file of schema 1 suites is gone: its entries show as the results cite them.
     old_builtin = {"path": "/elsewhere/site-packages/conformance/ledger.toml", "sha256": sha}
-    header = records.load(_schema_1_file(tmp_path, [_first_result()], ledger=old_builtin)).header
+    header = records.read_results(_schema_1_file(tmp_path, [_first_result()], ledger=old_builtin)).header
     assert header.ledger_entries is None and "is not readable here" in header.ledger_note
 
 
 def test_schema_1_reproduce_commands_name_the_plugin_where_it_lives_now(tmp_path):
     record = {**_first_result(), "reproduce": "pytest 'x' --backend torch-eager -p conformance.progress"}
-    (result,) = records.load(_schema_1_file(tmp_path, [record])).results
+    (result,) = records.read_results(_schema_1_file(tmp_path, [record])).results
     assert result.reproduce == "pytest 'x' --backend torch-eager -p conformance.cli.progress"

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from conformance.model import profiles
-from conformance.results.records import SCHEMA_VERSION, read_raw
+from conformance.results.records import read_raw
+from conformance.results.schema import SCHEMA_VERSION
 
 
 def read(path):

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance.results.records import SCHEMA_VERSION
+from conformance.results.schema import SCHEMA_VERSION
 from conformance.results.text import summary_of
 
 from support.suite import TESTS

@@ -209,13 +209,13 @@ def test_group_statistics_are_one_pass_by_flax_default(op: str) -> None:
     inputs, prepared, out = _run(case, grad=False)
     assert prepared.info()["use_fast_variance"] is True
     expected = oracle.evaluate(case, inputs, grad=False)
-    table = tolerances.load()
+    table = tolerances.read_tolerances()
     (one_pass,) = compare_outputs(case, inputs, expected, out, ("y",), table)
     assert not one_pass.passed
     spec = _spec(case)
     module = flax_linen.MODULES[op](spec).clone(use_fast_variance=False)
     step = flax_linen.forward_fn(spec, module)
-    loaded = flax_linen.load(case, spec, inputs, flax_linen.scale(case, inputs))
+    loaded = flax_linen.to_device(case, spec, inputs, flax_linen.scale(case, inputs))
     (y,), _ = step(loaded.params, loaded.stats, loaded.x, None)
     (two_pass,) = compare_outputs(case, inputs, expected, {"y": np.asarray(y)}, ("y",), table)
     assert two_pass.passed, two_pass.worst_ratio
@@ -428,7 +428,7 @@ def test_xla_normalizes_the_unrounded_bfloat16_sum() -> None:
     prepared = BACKEND.prepare(case, inputs, grad=False)
     prepared()
     out = prepared.outputs()
-    table = tolerances.load()
+    table = tolerances.read_tolerances()
     names = ("y", "residual_out")
     exact = oracle.evaluate(dataclasses.replace(case, norm_input="exact"), inputs, grad=False)
     rounded = oracle.evaluate(case, inputs, grad=False)
@@ -466,6 +466,6 @@ def test_agrees_with_the_oracle(case: Case) -> None:
     inputs, _, out = _run(case, grad=True)
     expected = oracle.evaluate(case, inputs, grad=True)
     names = tuple(n for n in produced(case, True) if n != "running_var")
-    comparisons = compare_outputs(case, inputs, expected, out, names, tolerances.load())
+    comparisons = compare_outputs(case, inputs, expected, out, names, tolerances.read_tolerances())
     failing = [(c.output, c.worst_ratio) for c in comparisons if not c.passed]
     assert not failing, failing

@@ -47,7 +47,7 @@ if importlib.util.find_spec("keras") is None:
     pytest.skip("keras is not installed", allow_module_level=True)
 
 HERE = keras_layers.process_backend("torch")  # the claim must precede any import of keras
-TABLE = tolerances.load()
+TABLE = tolerances.read_tolerances()
 
 
 def _plan(case: Case, **kwargs: Any) -> Any:

@@ -13,7 +13,7 @@ import pytest
 from conformance import oracle
 from conformance.adapter import memory
 from conformance.adapter.backend import Unsupported
-from conformance.judging.tolerances import load
+from conformance.judging.tolerances import read_tolerances
 from conformance.judging.verdict import compare_outputs
 from conformance.model.case import Case
 from conformance.model.inputs import make_inputs
@@ -25,7 +25,7 @@ contrib = pytest.importorskip("backends.onnx.contrib")
 _ort = pytest.importorskip("backends.common.ort_support")
 
 CPU = _ort.provider() == "CPUExecutionProvider"
-TOLERANCES = load()
+TOLERANCES = read_tolerances()
 
 
 def _run(case, inputs=None):

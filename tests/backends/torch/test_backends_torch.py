@@ -418,7 +418,7 @@ ALIASING_RUNS = [(name, case) for name in BACKENDS for case in ALIASING_CASES]
 
 
 def _context() -> Any:
-    return checks.CheckContext(tolerances.load(), load_ledger(), timeout=300)
+    return checks.CheckContext(tolerances.read_tolerances(), load_ledger(), timeout=300)
 
 
 @pytest.mark.parametrize(("name", "case"), ALIASING_RUNS, ids=[f"{n}-{c.id}" for n, c in ALIASING_RUNS])

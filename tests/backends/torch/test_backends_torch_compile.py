@@ -53,7 +53,7 @@ def test_one_compile_serves_every_shape_of_a_key(backend) -> None:
 @pytest.mark.parametrize("check", ["forward", "backward"])
 def test_passes_the_suite_checks(backend, check: str) -> None:
     case = Case("add_rms_norm", (8, 96), "float32", 1e-5)
-    ctx = checks.CheckContext(tolerances.load(), load_ledger(), timeout=300)
+    ctx = checks.CheckContext(tolerances.read_tolerances(), load_ledger(), timeout=300)
     result = checks.run_check(check, backend, backend.capabilities(), case, ctx)
     assert result.outcome == "passed", result.reason
     assert "compile_s" in result.extra["info"]
@@ -120,7 +120,7 @@ def test_canonical_group_case_keeps_groups_layout_and_one_channel_groups() -> No
 def test_group_norm_in_channels_last_passes_and_reaches_the_graph_so(backend, monkeypatch) -> None:
     monkeypatch.setenv(torch_compile.OPS_VARIABLE, "group_norm")
     case = Case("group_norm", (2, 4, 3, 5), "float32", 1e-5, num_groups=2, layout="channels_last")
-    ctx = checks.CheckContext(tolerances.load(), load_ledger(), timeout=300)
+    ctx = checks.CheckContext(tolerances.read_tolerances(), load_ledger(), timeout=300)
     result = checks.run_check("backward", backend, backend.capabilities(), case, ctx)
     assert result.outcome == "passed", result.reason
     info = result.extra["info"]
@@ -134,7 +134,7 @@ def test_instance_norm_momentum_none_is_one_step_of_the_average(backend, monkeyp
     case = Case(
         "instance_norm", (3, 2, 8), "float32", 1e-5, track_running_stats=True, training=True, momentum=None
     )
-    ctx = checks.CheckContext(tolerances.load(), load_ledger(), timeout=300)
+    ctx = checks.CheckContext(tolerances.read_tolerances(), load_ledger(), timeout=300)
     result = checks.run_check("training", backend, backend.capabilities(), case, ctx)
     assert result.outcome == "passed", result.reason
 

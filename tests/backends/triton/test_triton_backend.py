@@ -163,7 +163,7 @@ def test_forward_only_preparation_returns_forward_outputs():
 
 # The residual stream's conventions on small rows: (residual_dtype, norm_input).
 CONVENTIONS = [(None, "rounded"), (None, "exact"), ("float32", "rounded"), ("float32", "exact")]
-CTX = checks.CheckContext(tolerances.load(), load_ledger(), timeout=300)
+CTX = checks.CheckContext(tolerances.read_tolerances(), load_ledger(), timeout=300)
 
 
 def _add_case(op, stream, norm_input, dtype="bfloat16", shape=(6, 40)):
