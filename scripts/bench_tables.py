@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conformance.model.case import LAYER_NORM, RMS_NORM
+
 GROUPS = ("decode", "mid", "large")
 HALF = ("bfloat16", "float16")
 # Ops on (N, C, spatial...) images whose normalization groups are channel groups of each sample.
@@ -152,7 +154,7 @@ def ln_vs_rms(recs: list[Rec]) -> list[str]:
             )
             for g in GROUPS
         ]
-        ln, rms = (largest(recs, backend, check, op, dtype) for op in ("layer_norm", "rms_norm"))
+        ln, rms = (largest(recs, backend, check, op, dtype) for op in (LAYER_NORM, RMS_NORM))
         if ln is None or rms is None:
             continue
         rows.append([check, backend, dtype, *cells, f"{ln.median_s * 1e3:.2f} / {rms.median_s * 1e3:.2f}",
@@ -252,7 +254,7 @@ def noise(first: list[Rec], second: list[Rec]) -> list[str]:
             spreads["all"].append(change)
     mine = index(first)
     for r in first:
-        if r.op != "layer_norm":
+        if r.op != LAYER_NORM:
             continue
         pair = [by.get((r.backend, r.check, "rms_norm", r.dtype, r.shape)) for by in (mine, other)]
         twin = other.get((r.backend, r.check, r.op, r.dtype, r.shape))

@@ -22,83 +22,43 @@ the oracle, and against the oracle re-evaluated under each suspected cause:
          LayerNormalization / RMSNormalization reads the Add's own output rather than residual_out.
 
 A cause is confirmed when its variant's worst_ratio is <= 1 where the oracle's is not (or the twin
-matches bit for bit).
+matches bit for bit); mvn and ortcast are measured.
 
-Usage: .venv/bin/python scripts/ledger_checks/residual_ort.py RESULTS.jsonl... (run from /work/main)
+Usage (from the repository root): python scripts/ledger_checks/residual_ort.py RESULTS.jsonl...
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
+import common
 import ml_dtypes
 import numpy as np
 
-from conformance import oracle
-from conformance.judging.tolerances import read_tolerances
-from conformance.judging.verdict import compare_outputs
 from conformance.model import residual
-from conformance.model.case import ADD_OPS, Case
-from conformance.model.inputs import make_inputs
+from conformance.model.case import ADD_LAYER_NORM, ADD_OPS, Case
 from conformance.model.outputs import forward_outputs
+from conformance.results.result import Result
 
-TOLERANCES = read_tolerances()
 BACKENDS = ("onnxruntime", "onnxruntime-contrib", "openvino", "openvino-default")
 
 
-def backend(name: str):
-    if name == "onnxruntime":
-        from backends.onnx.graphs import OnnxRuntime
-
-        return OnnxRuntime()
-    if name == "onnxruntime-contrib":
-        from backends.onnx.contrib import OnnxRuntimeContrib
-
-        return OnnxRuntimeContrib()
-    from backends.openvino import runtime as ovr
-
-    return ovr.OpenVINO() if name == "openvino" else ovr.OpenVINODefault()
+def judged(
+    record: Result, cause: str, changed: Case, inputs: common.Arrays, out: common.Arrays
+) -> common.Finding:
+    """The outputs against the oracle of the case and against that of ``changed`` (the cause)."""
+    case = common.case_of(record)
+    names = forward_outputs(case)
+    now = common.ratios(case, inputs, common.expected(case, inputs), out, names)
+    after = common.ratios(changed, inputs, common.expected(changed, inputs), out, names)
+    return common.Finding(record, cause, common.explains(now, after), f"oracle {now} | {cause} {after}")
 
 
-def run(name: str, case: Case, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    prepared = backend(name).prepare(case, inputs, grad=False)
-    prepared()
-    return dict(prepared.outputs())
-
-
-def ratios(case: Case, inputs, out) -> str:
-    """worst_ratio per forward output against the oracle of ``case``."""
-    expected = oracle.evaluate(case, inputs, grad=False)
-    found = compare_outputs(case, inputs, expected, out, forward_outputs(case), TOLERANCES)
-    return " ".join(f"{c.output} {c.worst_ratio:.3g}" for c in found)
-
-
-def plugin_bf16(values: np.ndarray) -> np.ndarray:
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((bits + ((bits & 0x10000) >> 1)) >> 16).astype(np.uint16)
-
-
-def twin(name: str, case: Case, inputs, out) -> str:
-    """Whether each output is the float32 twin graph's, rounded as the plugin rounds."""
-    single = dataclasses.replace(case, dtype="float32", param_dtype=None, residual_dtype=None)
-    reference = run(name, single, {k: v.astype(np.float32) for k, v in inputs.items()})
-    verdicts = []
-    for output, value in out.items():
-        want = reference[output]
-        if value.dtype.name == "bfloat16":
-            same = np.array_equal(value.view(np.uint16), plugin_bf16(want))
-        else:
-            same = np.array_equal(value, want.astype(value.dtype), equal_nan=True)
-        verdicts.append(f"{output} {'==' if same else '!='} twin")
-    return ", ".join(verdicts)
-
-
-def mvn_bf16(case: Case, inputs, out) -> str:
+def mvn_bf16(record: Result, case: Case, inputs: common.Arrays, out: common.Arrays) -> common.Finding:
     """(openvino, bfloat16 add_layer_norm with the bf16 Add) Whether y is the plugin's split LayerNorm:
     the MVN of the stored bfloat16 sum in f32, its output z stored in bf16 by the plugin's Convert
     (plugin_bf16), then z * w + b in f32 rounded to nearest-even: two roundings of y."""
@@ -106,66 +66,59 @@ def mvn_bf16(case: Case, inputs, out) -> str:
     mean = h.mean(axis=-1, keepdims=True, dtype=np.float32)
     var = np.square(h - mean).mean(axis=-1, keepdims=True, dtype=np.float32)
     z = (h - mean) / np.sqrt(var + np.float32(case.eps))
-    z = (plugin_bf16(z).astype(np.uint32) << 16).view(np.float32)
+    z = (common.plugin_bf16(z).astype(np.uint32) << 16).view(np.float32)
     w = np.asarray(inputs.get("weight", 1.0), dtype=np.float32)
     b = np.asarray(inputs.get("bias", 0.0), dtype=np.float32)
     y = (z * w + b).astype(ml_dtypes.bfloat16).reshape(case.shape)
     share = float(np.mean(y.view(np.uint16) == np.asarray(out["y"]).view(np.uint16)))
-    return f"y == split-MVN model on {share:.4%} of elements"
+    return common.Finding(record, "mvn", None, f"y == split-MVN model on {share:.4%} of elements")
 
 
-def ortcast(case: Case, inputs) -> str:
+def ortcast(record: Result, case: Case, inputs: common.Arrays) -> common.Finding:
     """Which tensor the normalization node reads in the graph ORT runs (written out unoptimized)."""
     import onnx
+    import onnxruntime  # type: ignore[import-untyped]  # ships no type information
 
-    from backends.common import ort_support as _ort
     from backends.onnx import graphs
 
     conventions = graphs.OnnxRuntime()
     spec = graphs.build(case, conventions.plan(case, inputs), conventions)
     with tempfile.TemporaryDirectory() as folder:
-        options = _ort.ort.SessionOptions()
-        options.graph_optimization_level = _ort.ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.optimized_model_filepath = str(Path(folder) / "ran.onnx")
-        _ort.ort.InferenceSession(
+        onnxruntime.InferenceSession(
             spec.model().SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
         nodes = onnx.load(options.optimized_model_filepath).graph.node
     norm = next(n for n in nodes if n.op_type in ("LayerNormalization", "RMSNormalization"))
     add = next(n for n in nodes if n.op_type == "Add")
     reads = "the Add's output" if norm.input[0] == add.output[0] else f"{norm.input[0]}"
-    return f"norm reads {reads} ({add.output[0]})"
+    return common.Finding(record, "ortcast", None, f"norm reads {reads} ({add.output[0]})")
 
 
-def main(paths: list[str]) -> None:
-    seen = set()
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            r = json.loads(line)
-            if r.get("kind") != "result" or r["check"] != "forward" or r["backend"] not in BACKENDS:
-                continue
-            if r["outcome"] not in ("failed", "xfailed", "xpassed") or r["case"]["op"] not in ADD_OPS:
-                continue
-            case = Case.from_dict(r["case"])
-            if (r["backend"], case.id) in seen:
-                continue
-            seen.add((r["backend"], case.id))
-            inputs = make_inputs(case, grad=False)
-            out = run(r["backend"], case, inputs)
-            parts = [f"oracle: {ratios(case, inputs, out)}"]
-            if case.norm_input == "rounded" and case.dtype != "float64":
-                parts.append(f"exact: {ratios(dataclasses.replace(case, norm_input='exact'), inputs, out)}")
-            if case.dtype == "float64":
-                eps32 = dataclasses.replace(case, eps=float(np.float32(case.eps)))
-                parts.append(f"eps32: {ratios(eps32, inputs, out)}")
-            if r["backend"].startswith("openvino"):
-                parts.append(twin(r["backend"], case, inputs, out))
-                if case.op == "add_layer_norm" and case.dtype == "bfloat16" and case.param_dtype is None:
-                    parts.append(mvn_bf16(case, inputs, out))
-            elif r["backend"] == "onnxruntime" and case.dtype != "float64":
-                parts.append(ortcast(case, inputs))
-            print(f"{r['backend']:19s} {r['outcome']:8s} {case.id:62s} | " + " | ".join(parts))
+def verify(record: Result) -> Iterator[common.Finding]:
+    case = common.case_of(record)
+    inputs = common.inputs_of(case)
+    out = common.run(common.backend(record.backend), case, inputs, grad=False)
+    if case.norm_input == "rounded" and case.dtype != "float64":
+        yield judged(record, "exact", dataclasses.replace(case, norm_input="exact"), inputs, out)
+    if case.dtype == "float64":
+        yield judged(record, "eps32", dataclasses.replace(case, eps=float(np.float32(case.eps))), inputs, out)
+    if record.backend.startswith("openvino"):
+        same = common.float32_twin(record.backend, case, inputs, out, grad=False)
+        detail = ", ".join(f"{k} {'==' if v else '!='} twin" for k, v in same.items())
+        yield common.Finding(record, "twin", all(same.values()), detail)
+        if case.op == ADD_LAYER_NORM and case.dtype == "bfloat16" and case.param_dtype is None:
+            yield mvn_bf16(record, case, inputs, out)
+    elif record.backend == "onnxruntime" and case.dtype != "float64":
+        yield ortcast(record, case, inputs)
+
+
+def findings(paths: list[str]) -> Iterator[common.Finding]:
+    for record in common.forward_records(paths, BACKENDS, ADD_OPS):
+        yield from verify(record)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    common.report(findings(sys.argv[1:]))

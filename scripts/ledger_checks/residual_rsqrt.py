@@ -12,83 +12,58 @@ and with dL/dh recomputed without that term:
 
 The cause is confirmed when the backend passes against the second (worst_ratio <= 1) and not the first.
 
-Usage: .venv/bin/python scripts/ledger_checks/residual_rsqrt.py RESULTS.jsonl...   (from the repository root)
+Usage (from the repository root): python scripts/ledger_checks/residual_rsqrt.py RESULTS.jsonl...
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
+from collections.abc import Iterator
 
+import common
 import numpy as np
 
-from conformance import oracle
-from conformance.adapter import registry
-from conformance.judging import tolerances
-from conformance.judging.verdict import compare_outputs
 from conformance.model import residual
-from conformance.model.case import ADD_OPS, Case
-from conformance.model.inputs import make_inputs
+from conformance.model.case import ADD_LAYER_NORM, ADD_OPS, Case
+from conformance.results.result import Result
 
-TABLE = tolerances.read_tolerances()
 GRADS = ("dx", "dresidual")
 
 
-def without_variance_term(case: Case, inputs: dict[str, np.ndarray]) -> np.ndarray:
+def without_variance_term(case: Case, inputs: common.Arrays) -> np.ndarray:
     """dL/dh with the norm's gradient reduced to its rstd-scaled term (activation shape, float64)."""
     n = int(np.prod(case.param_shape))
     h = residual.normalized(case, inputs).reshape(-1, n)
-    if case.op == "add_layer_norm":
+    if case.op == ADD_LAYER_NORM:
         h = h - h.mean(axis=1, keepdims=True)
     rstd = 1.0 / np.sqrt((h * h).mean(axis=1, keepdims=True) + case.eps)
     scale = np.asarray(inputs["weight"], np.float64).reshape(1, n) if case.weight else 1.0
     scale = scale + case.weight_offset
     g = np.asarray(inputs["dy"], np.float64).reshape(-1, n) * scale
-    if case.op == "add_layer_norm":
+    if case.op == ADD_LAYER_NORM:
         g = g - g.mean(axis=1, keepdims=True)
     dnorm = rstd * g
-    return (dnorm + np.asarray(inputs["dresidual_out"], np.float64).reshape(-1, n)).reshape(case.shape)
+    dh: np.ndarray = dnorm + np.asarray(inputs["dresidual_out"], np.float64).reshape(-1, n)
+    return dh.reshape(case.shape)
 
 
-def main(paths: list[str]) -> None:
-    backends = registry.entries()
-    seen: set[tuple[str, str]] = set()
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            r = json.loads(line)
-            if (
-                r.get("kind") != "result"
-                or r["check"] != "backward"
-                or r["outcome"] not in ("failed", "xfailed")
-            ):
-                continue
-            case = Case.from_dict(r["case"])
-            if case.op not in ADD_OPS or case.dist != "large" or (r["backend"], case.id) in seen:
-                continue
-            seen.add((r["backend"], case.id))
-            inputs = make_inputs(case, grad=True)
-            prepared = backends[r["backend"]].load().prepare(case, inputs, grad=True)
-            prepared()
-            actual = dict(prepared.outputs())
-            expected = oracle.evaluate(case, inputs, grad=True)
-            oracle_ratio = {
-                c.output: c.worst_ratio for c in compare_outputs(case, inputs, expected, actual, GRADS, TABLE)
-            }
-            dropped = without_variance_term(case, inputs)
-            variant = {**expected, "dx": dropped, "dresidual": dropped}
-            variant_ratio = {
-                c.output: c.worst_ratio for c in compare_outputs(case, inputs, variant, actual, GRADS, TABLE)
-            }
-            confirmed = all(v <= 1.0 for v in variant_ratio.values()) and any(
-                v > 1 for v in oracle_ratio.values()
-            )
-            fmt = lambda d: " ".join(f"{k} {v:.3g}" for k, v in d.items())  # noqa: E731
-            print(
-                f"{r['backend']:16s} {case.id:52s} oracle: {fmt(oracle_ratio)} | without the variance term: "
-                f"{fmt(variant_ratio)} | {'confirmed' if confirmed else 'NOT confirmed'}"
-            )
+def verify(record: Result) -> common.Finding:
+    case = common.case_of(record)
+    inputs = common.inputs_of(case)
+    actual = common.run(common.backend(record.backend), case, inputs, grad=True)
+    reference = common.expected(case, inputs)
+    now = common.ratios(case, inputs, reference, actual, GRADS)
+    dropped = without_variance_term(case, inputs)
+    after = common.ratios(case, inputs, {**reference, "dx": dropped, "dresidual": dropped}, actual, GRADS)
+    detail = f"oracle {now} | without the variance term {after}"
+    return common.Finding(record, "rsqrt_grad", common.explains(now, after), detail)
+
+
+def findings(paths: list[str]) -> Iterator[common.Finding]:
+    for record in common.records(paths, checks=("backward",), ops=ADD_OPS):
+        if record.case.get("dist") == "large":
+            yield verify(record)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    common.report(findings(sys.argv[1:]))

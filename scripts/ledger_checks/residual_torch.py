@@ -2,9 +2,10 @@
 failure of the fused residual ops (add_layer_norm, add_rms_norm) in results files by recomputing the
 oracle with that cause.
 
-Usage (from /work/main): .venv/bin/python scripts/ledger_checks/residual_torch.py RESULTS.jsonl...
-       .venv/bin/python scripts/ledger_checks/residual_torch.py --stale   (the add_rms_norm ledger ids)
-Causes (each prints, per failing output, worst ratios: torch vs oracle, model vs oracle, torch vs model):
+Usage (from the repository root): python scripts/ledger_checks/residual_torch.py RESULTS.jsonl...
+       python scripts/ledger_checks/residual_torch.py --stale   (the add_rms_norm ledger ids)
+Causes (each prints, per failing output, worst ratios: torch vs oracle, model vs oracle, torch vs model;
+confirmed where torch fails against the oracle and passes against the model):
   exact_sum    the norm read the unrounded x + residual where the case asks for the stored sum (a fused
                graph keeping the sum in float32 registers): the oracle recomputed with
                norm_input="exact". Printed for every record; torch must pass against it to be explained.
@@ -17,72 +18,33 @@ Causes (each prints, per failing output, worst ratios: torch vs oracle, model vs
                rounds the statistics only).
   seed         torch-eager's seed LayerNorm computes mean, variance and the normalization in the
                activation dtype: the same module run on the stored sum upcast to float32 (the cause
-               removed) must pass against the oracle; the forward is also compared with the emulation
-               with activation-dtype statistics (conformance.fingerprint.emulate, stats="activation").
+               removed) must pass against the oracle (seed_upcast); the forward is also compared with
+               the emulation with activation-dtype statistics (seed_emulated:
+               conformance.fingerprint.emulate, stats="activation").
   stale        --stale: the add_rms_norm ids of the shipped ledger's torch entries, rerun: the ratio of
                dx now that dx includes dresidual_out (an entry whose ids all pass is stale).
-Rounding-bias failures ('rounds with a bias') print torch's and the model's bias in ulps.
+Rounding-bias failures ('rounds with a bias') print torch's and the model's bias in ulps (measured).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import sys
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
+import common
 import numpy as np
 import torch
 
 from backends.common.torch_support import to_numpy
-from backends.torch.eager import LayerNorm, TorchEager
-from backends.torch.modules import TorchFunctional, TorchNN
-from backends.transformers import hf_norms
-from conformance import oracle
+from backends.torch.eager import LayerNorm
 from conformance.fingerprint.emulate import Convention, emulate
-from conformance.judging import rounding, tolerances
-from conformance.judging.verdict import compare_outputs
+from conformance.judging import rounding
 from conformance.model import residual
-from conformance.model.case import Case
+from conformance.model.case import ADD_LAYER_NORM, ADD_OPS, Case
 from conformance.model.dtypes import round_to
-from conformance.model.inputs import for_call, make_inputs
 from conformance.model.profiles import cases as profile_cases
+from conformance.results.result import Result
 from conformance.running.settings import load_ledger
-
-TABLE = tolerances.read_tolerances()
-BACKENDS: dict[str, Any] = {b.name: b for b in (TorchNN(), TorchFunctional(), TorchEager())}
-GRAD_CHECKS = ("backward", "determinism", "inputs_unchanged", "aliasing")
-
-
-def backend(name: str) -> Any:
-    if name not in BACKENDS and name == "torch-compile":
-        from backends.torch.compiled import TorchCompile
-
-        BACKENDS[name] = TorchCompile()
-    if name not in BACKENDS:
-        BACKENDS[name] = hf_norms.HFNorm(hf_norms.BY_NAME[name])
-    return BACKENDS[name]
-
-
-def run(name: str, case: Case, inputs: dict[str, np.ndarray], grad: bool) -> dict[str, np.ndarray]:
-    given = for_call(inputs, grad=grad)
-    prepared = backend(name).prepare(case, given, grad=grad)
-    prepared()
-    return dict(prepared.outputs())
-
-
-Arrays = Mapping[str, Any]
-
-
-def ratios(
-    case: Case, inputs: Arrays, expected: Arrays, actual: Arrays, names: list[str]
-) -> dict[str, float]:
-    return {
-        c.output: round(c.worst_ratio, 3)
-        for c in compare_outputs(case, inputs, expected, actual, tuple(names), TABLE)
-    }
 
 
 def _rows(case: Case, values: np.ndarray) -> np.ndarray:
@@ -98,9 +60,7 @@ def _sequential(terms: np.ndarray, dtype: str) -> np.ndarray:
     return acc
 
 
-def saved_stats(
-    case: Case, inputs: dict[str, np.ndarray], *, inductor: bool = False
-) -> dict[str, np.ndarray]:
+def saved_stats(case: Case, inputs: common.Arrays, *, inductor: bool = False) -> dict[str, np.ndarray]:
     """The reference on the stored sum with torch's CPU LayerNorm roundings: saved mean and rstd in the
     activation dtype (float32 beside float32 parameters), dweight / dbias reduced over the rows with
     partial sums in the activation dtype. ``inductor``: the statistics in the activation dtype whatever
@@ -130,7 +90,7 @@ def saved_stats(
     return out
 
 
-def seed_upcast(case: Case, inputs: dict[str, np.ndarray], grad: bool) -> dict[str, np.ndarray]:
+def seed_upcast(case: Case, inputs: common.Arrays, grad: bool) -> dict[str, np.ndarray]:
     """torch-eager's seed LayerNorm on the stored sum upcast to float32: the activation-dtype
     computation removed, nothing else changed (y and dx rounded back to the activation dtype)."""
     act = getattr(torch, case.dtype)
@@ -152,59 +112,13 @@ def seed_upcast(case: Case, inputs: dict[str, np.ndarray], grad: bool) -> dict[s
     return {k: to_numpy(v) for k, v in out.items()}
 
 
-def _failing(record: dict[str, Any]) -> list[str]:
-    return [c["output"] for c in record.get("comparisons", []) if not float(c["worst_ratio"]) <= 1]
+def _biased(record: Result) -> list[str]:
+    return [c.output for c in record.comparisons if f"output '{c.output}' rounds" in record.reason]
 
 
-def _biased(record: dict[str, Any]) -> list[str]:
-    return [
-        c["output"]
-        for c in record.get("comparisons", [])
-        if f"output '{c['output']}' rounds" in record["reason"]
-    ]
-
-
-def verify(record: dict[str, Any]) -> None:
-    case = Case.from_dict(record["case"])
-    check, name = record["check"], record["backend"]
-    grad = check in GRAD_CHECKS
-    inputs = make_inputs(case, grad=grad)
-    actual = run(name, case, inputs, grad)
-    expected = oracle.evaluate(case, inputs, grad=grad)
-    failing, biased = _failing(record), _biased(record)
-    head = f"{name} {check} {case.id}"
-    names = failing or biased
-    exact = oracle.evaluate(dataclasses.replace(case, norm_input="exact"), inputs, grad=grad)
-    print(f"{head}: torch/oracle {ratios(case, inputs, expected, actual, names)}")
-    print(f"    exact_sum torch/oracle(exact) {ratios(case, inputs, exact, actual, names)}")
-    models = {}
-    if case.op == "add_layer_norm" and name != "torch-eager":
-        model = saved_stats(case, inputs, inductor=name == "torch-compile")
-        models["saved_stats"] = {**expected, **model}
-    if case.op == "add_layer_norm" and name == "torch-eager":
-        models["seed_upcast"] = {**expected, **seed_upcast(case, inputs, grad)}
-        if not grad:
-            emulated = emulate(case, inputs, Convention(stats="activation"))
-            models["seed_emulated"] = {**expected, "y": emulated["y"]}
-    for label, model in models.items():
-        line = f"    {label} model/oracle {ratios(case, inputs, expected, model, names)}"
-        if label != "seed_upcast":
-            line += f" torch/model {ratios(case, inputs, model, actual, names)}"
-            line += f" unexplained {_unexplained(actual, expected, model, names)}"
-        print(line)
-        if label == "saved_stats" and "dbias" in actual and "dbias" in model:
-            same = np.array_equal(actual["dbias"].astype(np.float64), model["dbias"])
-            print(f"    saved_stats dbias == torch bit for bit: {same}")
-        for out in biased:
-            if out in model:
-                print(
-                    f"    rounding {out}: torch {_bias(actual[out], expected[out], case)}"
-                    f" {label} model {_bias(round_to(model[out], case.dtype), expected[out], case)}"
-                    f" correctly rounded {_bias(round_to(expected[out], case.dtype), expected[out], case)}"
-                )
-
-
-def _unexplained(actual: Arrays, expected: Arrays, model: Arrays, names: list[str]) -> dict[str, float]:
+def _unexplained(
+    actual: common.Arrays, expected: common.Arrays, model: common.Arrays, names: list[str]
+) -> common.Ratios:
     """max |torch - model| / max |torch - oracle| per output: far below 1 when the model accounts for
     torch's error, even where what is left (reduction order) exceeds a float32 parameter tolerance."""
     shares = {}
@@ -221,6 +135,80 @@ def _bias(actual: np.ndarray, expected: np.ndarray, case: Case) -> str:
     return "-" if found is None else f"{found.bias:+.3f}/{found.drift:+.3f}"
 
 
+def models(record: Result, case: Case, inputs: common.Arrays, grad: bool) -> dict[str, common.Arrays]:
+    """The models of the record's backend: saved_stats (torch's kernels, inductor's decomposition), or
+    for torch-eager's seed module the cause removed (seed_upcast) and, forward, emulated (seed_emulated)."""
+    if case.op != ADD_LAYER_NORM:
+        return {}
+    reference = common.expected(case, inputs)
+    if record.backend != "torch-eager":
+        return {
+            "saved_stats": {
+                **reference,
+                **saved_stats(case, inputs, inductor=record.backend == "torch-compile"),
+            }
+        }
+    found: dict[str, common.Arrays] = {"seed_upcast": {**reference, **seed_upcast(case, inputs, grad)}}
+    if not grad:
+        emulated = emulate(case, inputs, Convention(stats="activation"))
+        found["seed_emulated"] = {**reference, "y": emulated["y"]}
+    return found
+
+
+def modelled(
+    record: Result, label: str, model: common.Arrays, actual: common.Arrays, names: list[str]
+) -> common.Finding:
+    """torch against the oracle and against one model (seed_upcast: the model itself against the oracle)."""
+    case = common.case_of(record)
+    inputs = common.inputs_of(case)
+    reference = common.expected(case, inputs)
+    now = common.ratios(case, inputs, reference, actual, names)
+    alone = common.ratios(case, inputs, reference, model, names)
+    if label == "seed_upcast":
+        return common.Finding(
+            record, label, common.explains(now, alone), f"torch/oracle {now} model/oracle {alone}"
+        )
+    against = common.ratios(case, inputs, model, actual, names)
+    detail = f"torch/oracle {now} model/oracle {alone} torch/model {against}"
+    detail += f" unexplained {_unexplained(actual, reference, model, names)}"
+    if "dbias" in actual and "dbias" in model:
+        same = np.array_equal(actual["dbias"].astype(np.float64), model["dbias"])
+        detail += f"; dbias == torch bit for bit: {same}"
+    return common.Finding(record, label, common.explains(now, against), detail)
+
+
+def biases(
+    record: Result, label: str, model: common.Arrays, actual: common.Arrays
+) -> Iterator[common.Finding]:
+    case = common.case_of(record)
+    reference = common.expected(case, common.inputs_of(case))
+    for out in _biased(record):
+        if out in model:
+            detail = (
+                f"{out} torch {_bias(actual[out], reference[out], case)} {label} model"
+                f" {_bias(round_to(model[out], case.dtype), reference[out], case)} correctly rounded"
+                f" {_bias(round_to(reference[out], case.dtype), reference[out], case)}"
+            )
+            yield common.Finding(record, "rounding", None, detail)
+
+
+def verify(record: Result) -> Iterator[common.Finding]:
+    case = common.case_of(record)
+    grad = common.grad_of(record)
+    inputs = common.inputs_of(case)
+    actual = common.run(common.backend(record.backend), case, inputs, grad=grad)
+    names = list(common.failing(record)) or _biased(record)
+    reference = common.expected(case, inputs)
+    now = common.ratios(case, inputs, reference, actual, names)
+    exact = common.ratios(case, inputs, common.expected(case, inputs, norm_input="exact"), actual, names)
+    yield common.Finding(
+        record, "exact_sum", common.explains(now, exact), f"torch/oracle {now} torch/oracle(exact) {exact}"
+    )
+    for label, model in models(record, case, inputs, grad).items():
+        yield modelled(record, label, model, actual, names)
+        yield from biases(record, label, model, actual)
+
+
 def stale() -> None:
     """Rerun the add_rms_norm ids of the shipped ledger's torch entries (every profile)."""
     known = {c.id: c for profile in ("smoke", "ci", "full") for c in profile_cases(profile)}
@@ -232,12 +220,19 @@ def stale() -> None:
         for name in names:
             for case_id in ids:
                 case = known[case_id]
-                inputs = make_inputs(case, grad=True)
+                inputs = common.inputs_of(case)
                 checks = entry.match["check"]
-                actual = run(name, case, inputs, checks != ("forward",))
-                expected = oracle.evaluate(case, inputs, grad=True)
-                got = ratios(case, inputs, expected, actual, list(entry.match["output"]))
+                actual = common.run(common.backend(name), case, inputs, grad=checks != ("forward",))
+                got = common.ratios(
+                    case, inputs, common.expected(case, inputs), actual, entry.match["output"]
+                )
                 print(f"ledger[{entry.index}] {name} {'/'.join(checks)} {case_id}: {got} band {entry.band}")
+
+
+def findings(paths: list[str]) -> Iterator[common.Finding]:
+    torch_made = lambda name: name.startswith(("torch-", "hf-"))  # noqa: E731
+    for record in common.records(paths, backends=torch_made, ops=ADD_OPS):
+        yield from verify(record)
 
 
 def main() -> None:
@@ -245,12 +240,7 @@ def main() -> None:
     if sys.argv[1:] == ["--stale"]:
         stale()
         return
-    for path in sys.argv[1:]:
-        for line in Path(path).read_text().splitlines():
-            record = json.loads(line)
-            torch_made = str(record.get("backend", "")).startswith(("torch-", "hf-"))
-            if record.get("kind") == "result" and record["outcome"] in ("failed", "xfailed") and torch_made:
-                verify(record)
+    common.report(findings(sys.argv[1:]))
 
 
 if __name__ == "__main__":
