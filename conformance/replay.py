@@ -1,4 +1,4 @@
-"""``python -m conformance.replay BUNDLE --backend NAME``: the documented command that bundles print.
+"""``python -m conformance.replay BUNDLE``: ``normconf replay`` where the normconf script is not on PATH.
 
 The replay itself lives in ``conformance.failures.replay``; this module keeps the short command (and
 the one written into bundles saved by earlier versions) working.

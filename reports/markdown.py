@@ -156,6 +156,12 @@ def _failures(runs: list[Run]) -> list[str]:
     for f in found[:MAX_FAILURES]:
         where = f"{escape(f.column.key)} {escape(f.case_id)} \\[{escape(f.check)}\\]"
         lines.append(f"- **{f.outcome}** {where}: {escape(f.headline)}")
+        worst = [g for g in f.figures if g.failing]
+        if worst:
+            lines.append(
+                "  "
+                + "; ".join(f"`{escape(g.output)}` worst_ratio {g.worst_ratio} at {g.index}" for g in worst)
+            )
         if f.reproduce:
             lines += ["", *("  " + line for line in fence(f.reproduce)), ""]
     if len(found) > MAX_FAILURES:

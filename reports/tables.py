@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from conformance.model.case import OPS
 from conformance.model.dtypes import DTYPES
-from conformance.results.result import Result, RoundingRecord
+from conformance.results.result import ComparisonRecord, Result, RoundingRecord
 from conformance.results.runs import Run, worst
 from conformance.results.schema import figure
 
@@ -192,6 +192,8 @@ class Figure:
     source: str
     mismatch_fraction: str = ""
     rounding: str = ""
+    index: str = ""  # where the worst element is, e.g. "[3, 7]"
+    failing: bool = False
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,8 @@ class Failure:
     reason: str
     reproduce: str
     figures: tuple[Figure, ...]
+    # The largest worst_ratio of the failing outputs (inf for one without a finite figure): the order.
+    severity: float = math.inf
 
     @property
     def bo(self) -> str:
@@ -226,6 +230,8 @@ def failures(runs: Sequence[Run]) -> list[Failure]:
                 c.tolerance.source,
                 "" if math.isnan(c.mismatch_fraction) else f"{c.mismatch_fraction:.3g}",
                 _rounding_text(c.rounding),
+                f"[{', '.join(map(str, c.worst_index))}]" if c.worst_index else "",
+                not c.passed,
             )
             for c in record.comparisons
         )
@@ -241,9 +247,20 @@ def failures(runs: Sequence[Run]) -> list[Failure]:
                 record.reason,
                 record.reproduce,
                 figures,
+                _severity(record.comparisons),
             )
         )
-    return sorted(found, key=lambda f: (PROBLEMS.index(f.outcome), f.column.id, f.case_id, f.check))
+    # Worst first within each outcome: the failure furthest outside its tolerance leads.
+    return sorted(
+        found, key=lambda f: (PROBLEMS.index(f.outcome), -f.severity, f.column.id, f.case_id, f.check)
+    )
+
+
+def _severity(comparisons: Sequence[ComparisonRecord]) -> float:
+    ratios = [c.worst_ratio for c in comparisons if not c.passed]
+    if not ratios or any(c.problem or not math.isfinite(c.worst_ratio) for c in comparisons if not c.passed):
+        return math.inf
+    return float(max(ratios))
 
 
 def totals(runs: Sequence[Run]) -> list[tuple[Column, Counter[str]]]:

@@ -10,9 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance.adapter import listing
 from conformance.cli import judge, launch, options
+from conformance.failures import replay
 from conformance.results import diff, render
+from conformance.results.records import Record
 from conformance.running import flags, shard, summary
+from conformance.running.settings import selection_line
 
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -22,7 +26,8 @@ RUN_HELP = """Run the conformance suite (pytest conformance) over the available 
 OUTPUT/results.jsonl, OUTPUT/report.html, OUTPUT/summary.md and pytest's log OUTPUT/pytest.log.
 
 examples:
-  normconf run                                  # ci profile, every available backend
+  normconf run                                  # smoke profile, every available backend
+  normconf run --profile ci                     # the larger grid (make conformance runs it)
   normconf run --backend torch-nn --op rms_norm --dtype bfloat16 -o out
   normconf run --shard 1/2 -o out/shard1        # on machine A (and --shard 2/2 on machine B)
   normconf report out/shard1/results.jsonl out/shard2/results.jsonl -o report.html"""
@@ -30,8 +35,8 @@ examples:
 
 def build_run(sub: Sub, name: str) -> argparse.ArgumentParser:
     p = options.subparser(sub, name, "run the suite and write results and the report", RUN_HELP)
-    # The suite's own flags (those of pytest conformance); only the profile's default differs.
-    flags.add(p.add_argument, flags.RUN, {"profile": "ci"})
+    # The suite's own flags, with pytest conformance's defaults (the smoke profile among them).
+    flags.add(p.add_argument, flags.RUN)
     p.add_argument(
         "-o", "--output", default=".normconf", metavar="DIR", help="output folder (default .normconf)"
     )
@@ -67,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     results.unlink(missing_ok=True)
     display = launch.Display(sys.stdout, launch.use_bar(sys.stdout))
     log = out / "pytest.log"
-    print(f"normconf run: backends {args.backend}, {len(chosen.cases)} cases; pytest log {log}")
+    print(f"{selection_line(chosen, args.backend)}; pytest log {log}")
     status = launch.run_pytest(_pytest_args(args, results), log, display.event)
     display.finish()
     if status == 4 or not results.exists():
@@ -142,8 +147,14 @@ def _summarize(
     results: Path, bench: list[str], out: Path, baseline: str | None, part: str | None = None
 ) -> None:
     runs = tuple(options.load_runs([str(results)]))
-    for line in summary.table(runs[0].records):
-        print(line)
+    records: list[Record] = [*runs[0].records, *runs[0].fingerprints]
+    for block in (
+        summary.table(records),
+        summary.worst_failures(records),
+        summary.fingerprint_differences(records),
+    ):
+        if block:
+            print("\n".join(block))
     if part is None:  # one shard holds part of the cases: only the union can tell an idle backend
         for line in summary.idle_lines(runs[0].records):
             print(line)
@@ -303,17 +314,42 @@ def compare(args: argparse.Namespace) -> int:
     return 1 if d.regression else 0
 
 
+BACKENDS_HELP = """List every registered backend: one line each with whether it can run here (or why not),
+how many ops and dtypes it supports and where it comes from.
+
+examples:
+  normconf backends                     # one line per backend
+  normconf backends -v                  # every capability, feature, limit and note
+  normconf backends --json              # the same as JSON
+  normconf backends -p my_adapters      # with the backends that module registers"""
+
+
 def build_backends(sub: Sub, name: str) -> argparse.ArgumentParser:
-    return options.subparser(
-        sub,
-        name,
-        "list backends with origin, availability and capabilities",
-        "List every registered backend.",
+    p = options.subparser(
+        sub, name, "list backends: available or why not, ops and dtypes, origin", BACKENDS_HELP
     )
+    p.add_argument("-v", "--verbose", action="store_true", help="every capability and note of each backend")
+    p.add_argument("--json", action="store_true", help="print every backend's fields as JSON")
+    p.add_argument(
+        "-p",
+        dest="plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (one that registers a backend with conformance.register())",
+    )
+    return p
 
 
 def backends(args: argparse.Namespace) -> int:
-    print(options.list_backends())
+    options.import_plugins(args.plugin)
+    listed = options.survey_backends()
+    if args.json:
+        sys.stdout.write(options.dump_json([listing.as_json(item) for item in listed]))
+    elif args.verbose:
+        print("\n".join(line for item in listed for line in listing.describe(item)))
+    else:
+        print("\n".join(listing.short(listed)))
     return 0
 
 
@@ -341,6 +377,22 @@ def cases(args: argparse.Namespace) -> int:
     return 0
 
 
+REPLAY_HELP = """Replay a bundle that --save-failures wrote: its inputs through a backend (by default the one
+that failed), judged against the oracle under the tolerance matrix, with the figures the run recorded.
+Exit status: 0 the outputs now pass, 1 they still fail, 2 a usage problem, 3 the backend cannot run it.
+
+examples:
+  normconf run --backend my-backend --save-failures bundles
+  normconf replay bundles/<backend>--<check>--<case id> --json
+  normconf replay BUNDLE --backend torch-eager   # the same inputs through another backend"""
+
+
+def build_replay(sub: Sub, name: str) -> argparse.ArgumentParser:
+    p = options.subparser(sub, name, "replay a saved failure bundle against a backend", REPLAY_HELP)
+    replay.add_arguments(p)
+    return p
+
+
 Builder = Callable[["Sub", str], argparse.ArgumentParser]
 COMMANDS: dict[str, tuple[Builder, Callable[[argparse.Namespace], int]]] = {
     "run": (build_run, run),
@@ -348,6 +400,7 @@ COMMANDS: dict[str, tuple[Builder, Callable[[argparse.Namespace], int]]] = {
     "conventions": (build_conventions, conventions),
     "compare": (build_compare, compare),
     "judge": (judge.build_judge, judge.judge),
+    "replay": (build_replay, replay.replay),
     "backends": (build_backends, backends),
     "cases": (build_cases, cases),
 }

@@ -23,7 +23,7 @@ from conformance.cli.progress import ENV
 # The conformance package: `normconf run` points pytest at it wherever it is installed.
 SUITE = Path(__file__).resolve().parents[1]
 BENCH = SUITE / "bench"
-SHOWN = ("passed", "failed", "xfailed", "skipped", "error")
+SHOWN = ("passed", "failed", "xfailed", "unsupported", "skipped", "error")
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -90,11 +91,23 @@ def thresholds(args: argparse.Namespace) -> diff.Thresholds:
     return t
 
 
-def list_backends() -> str:
+def survey_backends() -> list[listing.Listed]:
     try:
-        return listing.render(registry.entries())
+        return listing.survey(registry.entries())
     except registry.RegistryError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def import_plugins(modules: Sequence[str]) -> None:
+    """Import each ``-p MODULE`` (from the current folder first, as ``python -m`` would) so that the
+    backends it registers are known."""
+    if modules and "" not in sys.path:
+        sys.path.insert(0, "")
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise UsageError(f"-p {module}: cannot import: {type(exc).__name__}: {exc}") from exc
 
 
 def write_text(path: str, text: str) -> None:

@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from conformance.running.outcomes import SKIPPING
+from conformance.running.plugin import PROPERTY
+
 ENV = "NORMCONF_PROGRESS_FD"
 
 
@@ -57,8 +60,19 @@ class Progress:
             elif report.failed and report.when == "setup":
                 outcome = "error"
             else:
-                outcome = report.outcome
+                outcome = _recorded(report) or report.outcome
             self.outcomes[report.nodeid] = outcome
         elif report.when == "teardown":
             outcome = self.outcomes.pop(report.nodeid, "error" if report.failed else "passed")
             self.emit({"done": report.nodeid, "outcome": outcome})
+
+
+def _recorded(report: pytest.TestReport) -> str | None:
+    """The suite's own outcome of a skipped test where it records one: "unsupported" (the backend
+    declared it cannot run the case) is told apart from "skipped", as the summary table does."""
+    if not report.skipped:
+        return None
+    for key, value in report.user_properties:
+        if key == PROPERTY and isinstance(value, dict) and value.get("outcome") in SKIPPING:
+            return str(value["outcome"])
+    return None

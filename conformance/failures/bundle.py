@@ -82,7 +82,7 @@ def slug(backend: str, check: str, case_id: str) -> str:
 
 
 def replay_command(path: Path, backend: str) -> str:
-    return shlex.join(["python", "-m", "conformance.replay", str(path), "--backend", backend])
+    return shlex.join(["normconf", "replay", str(path), "--backend", backend])
 
 
 def write(

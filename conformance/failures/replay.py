@@ -25,8 +25,8 @@ from conformance.results.result import ComparisonRecord
 PASSED, FAILED, USAGE, UNSUPPORTED = 0, 1, 2, 3
 
 
-def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m conformance.replay", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The replay options, for ``python -m conformance.replay`` and ``normconf replay`` alike."""
     parser.add_argument("bundle", help="a bundle folder written by --save-failures (or its bundle.json)")
     parser.add_argument("--backend", help="backend to replay against (default: the one that failed)")
     parser.add_argument(
@@ -35,7 +35,6 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tolerances", help="tolerance file (default: the built-in matrix)")
     parser.add_argument("--call-timeout", type=float, default=300.0, help="seconds before a call is an error")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    return parser.parse_args(argv)
 
 
 def line(c: ComparisonRecord) -> str:
@@ -51,7 +50,12 @@ def line(c: ComparisonRecord) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _arguments(argv)
+    parser = argparse.ArgumentParser(prog="python -m conformance.replay", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return replay(parser.parse_args(argv))
+
+
+def replay(args: argparse.Namespace) -> int:
     try:
         for module in args.plugins:
             importlib.import_module(module)

@@ -6,6 +6,7 @@ shared by pytest ids, benchmark ids and the report.
 
 from __future__ import annotations
 
+import difflib
 import math
 import warnings
 from dataclasses import asdict, dataclass, fields
@@ -87,6 +88,12 @@ class CaseError(ValueError):
 
 def _fail(field: str, value: object, allowed: str) -> CaseError:
     return CaseError(f"{field}={value!r} is not allowed; allowed: {allowed}")
+
+
+def _with_guess(name: str, allowed: list[str]) -> str:
+    """``'epsilon' (did you mean 'eps'?)``, or the name alone when nothing allowed is close."""
+    guess = difflib.get_close_matches(name, allowed, n=1, cutoff=0.5)
+    return f"{name!r}" + (f" (did you mean {guess[0]!r}?)" if guess else "")
 
 
 @dataclass(frozen=True)
@@ -328,10 +335,11 @@ class Case:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Case:
         """Build a Case from plain data (a cases file entry, a results record); ``id`` is ignored."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known - {"id"})
+        known = sorted(f.name for f in fields(cls))
+        unknown = sorted(set(data) - set(known) - {"id"})
         if unknown:
-            raise CaseError(f"unknown Case field(s) {unknown}; allowed: {', '.join(sorted(known))}")
+            named = ", ".join(_with_guess(name, known) for name in unknown)
+            raise CaseError(f"unknown Case field(s) {named}; allowed: {', '.join(known)}")
         missing = sorted(
             f.name for f in fields(cls) if f.name in {"op", "shape", "dtype", "eps"} and f.name not in data
         )

@@ -24,12 +24,15 @@ from conformance.results.records import Record, from_dict, write_atomic
 from conformance.results.result import Result
 from conformance.running import checks, flags, observed, outcomes, shard, summary
 from conformance.running.nodeid import NODE_ID
-from conformance.running.settings import Settings, SettingsError
+from conformance.running.settings import Settings, SettingsError, selection_line
 
 SETTINGS = pytest.StashKey[Settings]()
 SHARD = pytest.StashKey[shard.Shard | None]()
 STATE = pytest.StashKey["RunState"]()
 PROPERTY = "normconf_result"
+# Where a reproduce command writes: a scratch file, so that re-running one test leaves the results
+# (and the report) of the run it came from as they are.
+REPRODUCE_RESULTS = ".normconf/reproduce/results.jsonl"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,6 +48,13 @@ def _settings(config: pytest.Config) -> Settings:
     results = config.getoption("--results")
     path = Path(results) if results else config.rootpath / ".normconf" / "results.jsonl"
     return flags.build_settings(config.getoption, path)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    settings = config.stash.get(SETTINGS, None)
+    if settings is None or not _suite_requested(config):
+        return None
+    return selection_line(settings, ", ".join(settings.backends))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -230,8 +240,12 @@ class RunState:
         return None
 
     def reproduce(self, nodeid: str, backend: str) -> str:
+        """A command that runs this one test again from any folder where normconf is installed: the
+        test by its package path (--pyargs), its results into a scratch file beside (not over) the
+        run's, with the user's own -p plugins and rules files."""
         s = self.settings
-        parts = ["pytest", nodeid, "--backend", backend]
+        parts = ["pytest", "--pyargs", _package_test(nodeid), "--backend", backend]
+        parts += ["--results", REPRODUCE_RESULTS]
         parts += ["--cases", s.cases_file] if s.cases_file else ["--profile", s.profile]
         parts += ["--tolerances", s.tolerances_option] if s.tolerances_option else []
         parts += [arg for file in s.ledger_option for arg in ("--ledger", file)]
@@ -261,15 +275,23 @@ def _shard_field(config: pytest.Config) -> dict[str, Any]:
     return {"shard": part.to_dict()} if part is not None else {}
 
 
+def _package_test(nodeid: str) -> str:
+    """A suite test by its module's import path (``conformance.suite.test_forward::test_forward[..]``),
+    which pytest --pyargs finds wherever normconf is installed, unlike the file path of the node id."""
+    match = NODE_ID.search(nodeid)
+    if match is None:
+        return nodeid
+    check = match["check"]
+    return f"conformance.suite.test_{check}::test_{check}[{match['backend']}:{match['case']}]"
+
+
 def _plugin_args(config: pytest.Config) -> list[str]:
+    """The user's ``-p MODULE`` plugins of this run (those that register backends), not the ones
+    normconf run adds for itself or ``-p no:NAME`` switches."""
     args = list(config.invocation_params.args)
-    extra = []
-    for i, arg in enumerate(args):
-        if arg == "-p" and i + 1 < len(args):
-            extra += ["-p", args[i + 1]]
-        elif arg.startswith("-p") and len(arg) > 2:
-            extra.append(arg)
-    return extra
+    modules = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "-p"]
+    modules += [arg[2:] for arg in args if arg.startswith("-p") and len(arg) > 2]
+    return [arg for m in modules if not m.startswith(("no:", "conformance.")) for arg in ("-p", m)]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

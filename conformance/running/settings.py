@@ -133,3 +133,14 @@ def build(
         ledger.LedgerError,
     ) as exc:
         raise SettingsError(str(exc)) from exc
+
+
+def selection_line(settings: Settings, backends: str) -> str:
+    """What a run will run, said before it starts: the profile (or cases file), the case count, and
+    the larger profiles where there are any."""
+    count = f"{len(settings.cases)} cases"
+    if settings.cases_file is not None:
+        return f"normconf: cases {settings.cases_file} ({count}), backends {backends}"
+    larger = profiles.PROFILES[profiles.PROFILES.index(settings.profile) + 1 :]
+    more = f"; --profile {' or '.join(larger)} for more" if larger else ""
+    return f"normconf: profile {settings.profile} ({count}{more}), backends {backends}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -122,9 +123,62 @@ def _question_order(name: str) -> tuple[int, str]:
     return (order.index(name) if name in order else len(order), name)
 
 
+# How many of the worst failures the terminal shows (the report has them all).
+WORST_SHOWN = 5
+
+
+def worst_failures(records: Iterable[Record], limit: int = WORST_SHOWN) -> list[str]:
+    """The failed outputs with the largest worst_ratio (where, and by how much), then the count of
+    failures that have no figure (errors, crashes, refused calls)."""
+    failed = [r for r in _results(records) if r.outcome in ("failed", "error")]
+    worst = sorted(
+        ((c.worst_ratio, r, c) for r in failed for c in r.comparisons if not c.passed),
+        key=lambda item: -item[0] if math.isfinite(item[0]) else -math.inf,
+    )
+    seen: set[tuple[str, str, str]] = set()
+    rows = []
+    for ratio, result, c in worst:
+        if result.key in seen:  # one row per failed check: its worst output
+            continue
+        seen.add(result.key)
+        where = ",".join(map(str, c.worst_index))
+        figure = c.problem or f"{ratio:.3g}"
+        rows.append([result.backend, result.case_id, result.check, c.output, figure, f"[{where}]"])
+    if not rows and not failed:
+        return []
+    shown = rows[:limit]
+    lines = (
+        [f"worst failures ({len(shown)} of {len(rows)}; every one in report.html#failures)"] if rows else []
+    )
+    if shown:
+        lines += _aligned(["backend", "case", "check", "output", "worst_ratio", "index"], shown)
+    without = len({r.key for r in failed} - seen)
+    if without:
+        lines.append(f"{without} failed or errored check(s) without figures (see report.html#failures)")
+    return lines
+
+
+def fingerprint_differences(records: Iterable[Record]) -> list[str]:
+    """Every answered fingerprint question whose answer differs from normconf's reference."""
+    differing = [r for r in _fingerprints(records) if r.outcome == "answered" and r.differs]
+    if not differing:
+        return []
+    rows = ([r.backend, r.question, r.answer, r.reference] for r in differing)
+    return [
+        f"conventions that differ from the reference ({len(differing)}; report.html#conventions)",
+        *_aligned(["backend", "question", "answer", "reference"], rows),
+    ]
+
+
 def report(records: Sequence[Record]) -> list[str]:
     """Every table the terminal summary shows, separated by blank lines."""
-    parts = [table(records), fingerprints(records), properties(records)]
+    parts = [
+        table(records),
+        fingerprints(records),
+        properties(records),
+        worst_failures(records),
+        fingerprint_differences(records),
+    ]
     lines: list[str] = []
     for part in filter(None, parts):
         lines += ([""] if lines else []) + part

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +11,14 @@ from pathlib import Path
 import pytest
 
 from conformance.adapter import registry
-from conformance.cli import commands, launch, main
+from conformance.cli import commands, launch, main, options
+from conformance.model import profiles
 from conformance.results.schema import SCHEMA_VERSION
+from conformance.running import flags
+from conformance.running.settings import selection_line
 
 from support.reports import BENCH_SMALL, EVIL, case, result, standard_records, write
+from support.suite import ROOT, TESTS
 
 
 def normconf(*args, capsys):
@@ -109,7 +114,12 @@ def test_usage_errors_exit_2_with_a_clear_message(tmp_path, capsys, args, messag
     write(tmp_path / "ok.jsonl", standard_records())
     status, _, err = normconf(*(str(a).format(tmp=tmp_path) for a in args), capsys=capsys)
     assert status == 2, err
-    assert err.startswith(f"normconf {args[0]}: error: ") and message in err
+    # As for argparse's own errors: the command's usage first, then what was wrong.
+    usage, error = err.split("\n", 1)[0], err.splitlines()[-1]
+    assert usage.startswith(f"usage: normconf {args[0]} ") and error.startswith(
+        f"normconf {args[0]}: error: "
+    )
+    assert message in err
 
 
 def test_bench_flag_without_benchmarks_is_a_usage_error(tmp_path, capsys, monkeypatch):
@@ -200,9 +210,73 @@ def test_backends_lists_registered_backends(capsys, monkeypatch):
     # One light backend instead of every installed one (loading torch, triton and onnx takes seconds).
     entry = registry.Entry("fake-numpy", "register() in fakes.core.NumpyFake", NumpyFake)
     monkeypatch.setattr(registry, "entries", lambda: {"fake-numpy": entry})
-    status, out, _ = normconf("backends", capsys=capsys)
+    status, out, _ = normconf("backends", "-v", capsys=capsys)
     assert status == 0 and "fake-numpy\n  origin: register() in fakes.core.NumpyFake" in out
     assert "available: yes, device cpu" in out
+    status, out, _ = normconf("backends", capsys=capsys)
+    head, line = out.splitlines()
+    assert head.split() == ["backend", "status", "supports", "origin"]
+    assert line.split() == [
+        "fake-numpy",
+        "available",
+        "7",
+        "ops,",
+        "4",
+        "dtypes",
+        "register()",
+        "in",
+        "fakes.core.NumpyFake",
+    ]
+    status, out, _ = normconf("backends", "--json", capsys=capsys)
+    (listed,) = json.loads(out)
+    assert listed["name"] == "fake-numpy" and listed["status"] == "available" and len(listed["ops"]) == 7
+
+
+def test_one_default_profile_for_run_cases_and_pytest():
+    parser = main.build_parser()
+    assert parser.parse_args(["run"]).profile == parser.parse_args(["cases"]).profile == flags.PROFILE.default
+    assert flags.PROFILE.default == "smoke"
+
+
+def test_every_run_says_its_profile_and_case_count_first():
+    chosen = options.selection(main.build_parser().parse_args(["run"]))
+    count = len(profiles.cases("smoke"))
+    assert selection_line(chosen, "all") == (
+        f"normconf: profile smoke ({count} cases; --profile ci or full for more), backends all"
+    )
+    full = options.selection(main.build_parser().parse_args(["run", "--profile", "full", "--op", "rms_norm"]))
+    assert selection_line(full, "torch-nn").startswith("normconf: profile full (") and "for more" not in (
+        selection_line(full, "torch-nn")
+    )
+
+
+def _normconf_subprocess(*args: str, **kwargs):
+    env = {k: v for k, v in os.environ.items() if k != "CI"}  # OpenVINO sends no usage event under CI=true
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "conformance.cli.main", *args], env=env, cwd=ROOT, **kwargs)
+
+
+def test_backends_lists_one_line_per_backend_quietly_and_takes_plugins():
+    done = _normconf_subprocess("backends", "-p", "fakes.core", capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    # Nothing on stderr: no warning of a library's (OpenVINO's usage telemetry forking after JAX started).
+    assert done.stderr == ""
+    lines = done.stdout.splitlines()
+    names = [line.split()[0] for line in lines[1:]]
+    assert "fake-numpy" in names and "torch-eager" in names and len(names) == len(set(names))
+    assert len(lines) == len(names) + 1
+
+
+def test_cases_into_a_closed_pipe_ends_quietly():
+    with _normconf_subprocess(
+        "cases", "--profile", "full", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()  # as `| head -1` does once it has its line
+        err = proc.stderr.read().decode()
+        status = proc.wait(timeout=120)
+    assert first.strip() and status == main.BROKEN_PIPE and "Traceback" not in err, err
 
 
 def test_conformance_never_imports_reports_or_jinja():

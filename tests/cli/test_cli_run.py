@@ -100,6 +100,14 @@ def test_run_with_a_failing_backend_exits_1_and_still_reports(tmp_path):
     failed = [r for r in runs.read_runs([tmp_path / "results.jsonl"])[0].records if r.outcome == "failed"]
     named = {Path(r.extra["bundle"]) for r in failed if r.check in ("forward", "backward")}
     assert named and named == {p.parent for p in (tmp_path / "bundles").rglob("bundle.json")}
+    # After the counts: the worst failures, where and by how much; summary.md has the same figures.
+    assert "worst failures (" in out and "report.html#failures" in out
+    assert "worst_ratio" in (tmp_path / "summary.md").read_text().split("### Failures")[1]
+    assert " at [" in (tmp_path / "summary.md").read_text()
+    # The run said what it would run before it started; a bundle replays through normconf replay.
+    assert out.startswith("normconf: profile smoke (") and "; pytest log " in out.splitlines()[0]
+    status, out, err = normconf(tmp_path, "replay", sorted(named)[0], "-p", "fakes.core")
+    assert status == 1 and "FAIL " in out, out + err
 
 
 def test_run_where_a_backend_executes_no_check_exits_1_and_says_so(tmp_path):
@@ -121,6 +129,9 @@ def test_run_where_a_backend_executes_no_check_exits_1_and_says_so(tmp_path):
     )
     assert status == 1, out + err
     assert "normconf: FAILED: backend fake-rms-norm-only executed no check" in out
+    # The progress lines name the outcome as the table does: unsupported, not skipped.
+    progress = [line for line in out.splitlines() if line.startswith("normconf: ") and "%" in line]
+    assert progress and "unsupported" in progress[-1] and "skipped" not in progress[-1]
 
 
 def test_run_with_an_unknown_backend_is_a_usage_error(tmp_path):

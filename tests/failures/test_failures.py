@@ -193,7 +193,7 @@ def test_bundles_store_bfloat16_losslessly(tmp_path):
     assert saved.inputs["x"].dtype == np.dtype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(saved.inputs["x"].view(np.uint16), bits)
     assert saved.case == case and saved.outputs == ("y",)
-    assert "python -m conformance.replay" in json.loads((path / "bundle.json").read_text())["replay"]
+    assert "normconf replay" in json.loads((path / "bundle.json").read_text())["replay"]
 
 
 def test_a_bundle_of_another_format_is_refused(tmp_path):
@@ -226,7 +226,7 @@ def test_saved_failure_replays_elsewhere_with_the_same_figures(suite, tmp_path):
     assert run.returncode == 1, run.output[-3000:]
     failed = [r for r in run.records if r["outcome"] == "failed"]
     assert failed and all("bundle" in r["extra"] for r in failed)
-    assert "replay: python -m conformance.replay" in failed[0]["reason"]
+    assert "replay: normconf replay" in failed[0]["reason"]
     original = failed[0]["extra"]["bundle"]
     # A fresh process in an unrelated folder, with nothing but the bundle: same figures, still failing.
     elsewhere = tmp_path / "elsewhere"

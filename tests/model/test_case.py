@@ -306,7 +306,7 @@ def test_from_dict_unknown_field_names_it_and_lists_allowed():
     with pytest.raises(CaseError) as info:
         Case.from_dict({**ln().to_dict(), "epsilon": 1e-5, "axes": 1})
     message = str(info.value)
-    assert "['axes', 'epsilon']" in message
+    assert "'axes', 'epsilon' (did you mean 'eps'?)" in message
     assert "allowed:" in message
     assert "eps" in message and "norm_ndim" in message
 

@@ -71,10 +71,13 @@ def test_wheel_in_a_fresh_venv_runs_both_commands_from_an_empty_folder(tmp_path)
     empty = tmp_path / "project"
     empty.mkdir()
     # No backend library is installed: the built-in backends are unavailable, with the install command.
-    listing = _run([str(venv / "bin" / "normconf"), "backends"], empty).stdout
+    listing = _run([str(venv / "bin" / "normconf"), "backends", "-v"], empty).stdout
     assert "torch-nn\n" in listing and "example-rmsnorm\n" in listing
     assert "available: no (needs torch, which is not installed (pip install 'normconf[torch]'))" in listing
     assert "broken" not in listing
+    short = _run([str(venv / "bin" / "normconf"), "backends"], empty).stdout.splitlines()
+    assert any(line.split()[:2] == ["example-rmsnorm", "available"] for line in short)
+    assert any(line.split()[:2] == ["torch-nn", "unavailable"] for line in short)
     done = _run(
         [
             str(venv / "bin" / "normconf"),
@@ -105,3 +108,56 @@ def test_wheel_in_a_fresh_venv_runs_both_commands_from_an_empty_folder(tmp_path)
     last = done.stdout.strip().splitlines()[-1]
     assert " passed" in last and "failed" not in last and "error" not in last, last
     assert (empty / ".normconf" / "results.jsonl").is_file()
+
+
+# A user's own broken variant of the guide's adapter, in their project folder: y off by 1 %.
+BROKEN = """
+import conformance
+from example_rmsnorm import ExampleRMSNorm, _Prepared
+
+
+class _Scaled(_Prepared):
+    def __call__(self):
+        super().__call__()
+        self.result["y"] = (self.result["y"] * 1.01).astype(self.result["y"].dtype)
+
+
+@conformance.register("broken-rmsnorm")
+class BrokenRMSNorm(ExampleRMSNorm):
+    name = "broken-rmsnorm"
+
+    def prepare(self, case, inputs, *, grad):
+        return _Scaled(case, inputs, grad)
+"""
+
+
+def test_a_printed_reproduce_command_runs_from_the_users_folder(tmp_path):
+    """The reproduce command of a failure, run as printed from the user's folder against the installed
+    wheel: the one test fails again, into a scratch results file; the run's own results stay."""
+    _, wheel = _built(tmp_path)
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], tmp_path)
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)], tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "example_rmsnorm.py").write_text(guide_files()["example_rmsnorm.py"])
+    (project / "broken_rmsnorm.py").write_text(BROKEN)
+    run = [str(venv / "bin" / "normconf"), "run", "--backend", "broken-rmsnorm", "-p", "broken_rmsnorm"]
+    run += ["--op", "rms_norm", "--dtype", "float32", "-n", "0", "-o", "out"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run(run, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    results = (project / "out" / "results.jsonl").read_text()
+    failed = [r for r in map(json.loads, results.splitlines()[1:]) if r.get("outcome") == "failed"]
+    assert failed and all("-p broken_rmsnorm" in r["reproduce"] for r in failed)
+    command = failed[0]["reproduce"]
+    assert command.startswith("pytest --pyargs conformance.suite.") and "conformance.cli" not in command
+    # As the user would paste it into their shell, with the venv's pytest first on PATH.
+    shell_env = {**env, "PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}"}
+    again = subprocess.run(
+        ["bash", "-c", command], cwd=project, env=shell_env, capture_output=True, text=True, timeout=600
+    )
+    assert again.returncode == 1 and "1 failed" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+    scratch = (project / ".normconf" / "reproduce" / "results.jsonl").read_text().splitlines()[1:]
+    assert [json.loads(line)["outcome"] for line in scratch] == ["failed"]
+    assert (project / "out" / "results.jsonl").read_text() == results

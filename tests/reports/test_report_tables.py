@@ -72,6 +72,16 @@ def test_failures_keep_full_message_reproduce_and_figures(one_run):
     assert evil.case_id == EVIL and evil.figures[0].worst_ratio == "inf"
 
 
+def test_failures_come_worst_first_with_the_index_of_the_worst_element(tmp_path):
+    records = standard_records()[:1] + [
+        result("gamma", case(eps=10.0 ** -k), "forward", "failed", ratios=(ratio,))
+        for k, ratio in ((5, 1.5), (6, 40.0), (7, 3.0))
+    ]
+    found = tables.failures(runs.read_runs([write(tmp_path / "run.jsonl", records)]))
+    assert [f.figures[0].worst_ratio for f in found] == ["40", "3", "1.5"]
+    assert found[0].figures[0].index == "[0, 1]" and found[0].figures[0].failing
+
+
 def test_totals_count_outcomes_per_column(one_run):
     totals = dict((c.key, counts) for c, counts in tables.totals(one_run))
     assert totals["alpha"] == {"passed": 2, "unsupported": 1}

@@ -53,8 +53,9 @@ def test_broken_fake_is_caught(suite, fake):
     reason = caught[0]["reason"]
     assert f"output '{output}' out of tolerance" in reason
     assert "tolerances.toml rule[" in reason and "why:" in reason
-    assert f"reproduce: pytest conformance/suite/test_{check}.py::test_{check}[{fake}:" in reason.replace(
-        "'", ""
+    assert (
+        f"reproduce: pytest --pyargs conformance.suite.test_{check}::test_{check}[{fake}:"
+        in reason.replace("'", "")
     )
 
 
