@@ -92,7 +92,7 @@ def _fail(field: str, value: object, allowed: str) -> CaseError:
 
 def _with_guess(name: str, allowed: list[str]) -> str:
     """``'epsilon' (did you mean 'eps'?)``, or the name alone when nothing allowed is close."""
-    guess = difflib.get_close_matches(name, allowed, n=1, cutoff=0.5)
+    guess = difflib.get_close_matches(name, allowed, n=1)
     return f"{name!r}" + (f" (did you mean {guess[0]!r}?)" if guess else "")
 
 

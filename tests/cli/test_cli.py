@@ -268,9 +268,9 @@ def test_backends_lists_one_line_per_backend_quietly_and_takes_plugins():
 
 
 def test_cases_into_a_closed_pipe_ends_quietly():
-    with _normconf_subprocess(
-        "cases", "--profile", "full", stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    ) as proc:
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    command = [sys.executable, "-m", "conformance.cli.main", "cases", "--profile", "full"]
+    with subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         first = proc.stdout.readline()
         proc.stdout.close()  # as `| head -1` does once it has its line

@@ -81,7 +81,7 @@ def test_bad_file_names_the_file(tmp_path, name, text, words):
     ("bad", "words"),
     [
         ({**LN.to_dict(), "dtype": "float8"}, "dtype='float8' is not allowed"),
-        ({**LN.to_dict(), "epsilon": 1e-5}, "unknown Case field(s) ['epsilon']"),
+        ({**LN.to_dict(), "epsilon": 1e-5}, "unknown Case field(s) 'epsilon' (did you mean 'eps'?)"),
         ({"op": "layer_norm", "shape": [4, 8], "dtype": "float32"}, "missing Case field(s) ['eps']"),
         ({**LN.to_dict(), "shape": 8}, "not iterable"),  # TypeError from the Case constructor
         ([1, 2], "expected a table/object of Case fields"),

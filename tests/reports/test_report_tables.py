@@ -74,7 +74,7 @@ def test_failures_keep_full_message_reproduce_and_figures(one_run):
 
 def test_failures_come_worst_first_with_the_index_of_the_worst_element(tmp_path):
     records = standard_records()[:1] + [
-        result("gamma", case(eps=10.0 ** -k), "forward", "failed", ratios=(ratio,))
+        result("gamma", case(eps=10.0**-k), "forward", "failed", ratios=(ratio,))
         for k, ratio in ((5, 1.5), (6, 40.0), (7, 3.0))
     ]
     found = tables.failures(runs.read_runs([write(tmp_path / "run.jsonl", records)]))

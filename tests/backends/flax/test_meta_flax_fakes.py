@@ -55,7 +55,7 @@ def test_momentum_passed_straight_through_is_caught(suite):
         assert "output 'running_mean' out of tolerance" in reason
         assert "tolerances.toml rule[" in reason and "why:" in reason
         # The reproduce command quotes the node id.
-        reproduce = f"reproduce: pytest conformance/suite/test_training.py::test_training[{MOMENTUM}:"
+        reproduce = f"reproduce: pytest --pyargs conformance.suite.test_training::test_training[{MOMENTUM}:"
         assert reproduce in reason.replace("'", "")
     # Only the running statistics are wrong: y of the same training cases still passes.
     forward = _checked(run, "forward", MOMENTUM, training=True)

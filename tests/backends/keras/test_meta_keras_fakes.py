@@ -57,7 +57,7 @@ def test_momentum_passed_untranslated_is_caught(suite):
         assert record["outcome"] == "failed"
         assert _ratios(record)["running_mean"] > 1.0, record["case"]["id"]
         assert "output 'running_mean' out of tolerance" in record["reason"]
-        assert f"test_training.py::test_training[{FAKE}:" in record["reason"].replace("'", "")
+        assert f"conformance.suite.test_training::test_training[{FAKE}:" in record["reason"].replace("'", "")
     # The forward outputs of the same training cases are unaffected by the momentum.
     forward = [r for r in run.records if r["backend"] == FAKE and r["check"] == "forward"]
     assert forward and {r["outcome"] for r in forward} <= {"passed", "unsupported"}

@@ -242,7 +242,9 @@ def test_no_way_to_run_is_backend_unavailable_with_the_reason(monkeypatch):
     with pytest.raises(BackendUnavailable, match="triton is not installed"):
         BACKEND.capabilities()
     entry = registry.Entry("triton", "test", triton_backend.TritonBackend)
-    assert "available: no (triton is not installed" in "\n".join(listing.describe(entry))
+    assert "available: no (triton is not installed" in "\n".join(
+        listing.describe(listing.survey({"triton": entry})[0])
+    )
 
 
 def test_select_reports_a_missing_triton(monkeypatch):
