@@ -188,14 +188,31 @@ class DeviationRow:
     measured: str
     op: str
     explains: str = ""  # "model NAME", or the band and that no model exists yet
+    explains_note: str = ""  # why no model exists yet, where the entry says
     not_observed: bool = False  # could have applied to the run, needed by none of its results
+    bo: str = ""  # column/outcome tokens for the backend and outcome filters
+
+    @property
+    def reason_head(self) -> str:
+        """The reason's first sentence (the whole text opens on a click)."""
+        head, dot, _ = self.reason.partition(". ")
+        return head + dot.strip() if len(head) <= 160 else head[:157] + "..."
+
+    @property
+    def anchor(self) -> str:
+        """The row's id: xfailed cells, matrix cells and failure cards link here."""
+        return f"ledger-{self.index}"
 
 
 @dataclass(frozen=True)
 class Deviations:
+    """The ledger entries that applied to these runs (or could have and were not observed); the
+    others are only counted, so a report's size follows what ran rather than the ledger's."""
+
     rows: tuple[DeviationRow, ...]
     notes: tuple[str, ...]
     counts: str = ""  # how many entries explain by a model, by a band, and were not observed here
+    others: int = 0  # entries for other backends, platforms or cases: counted, not listed
 
 
 def deviations(runs: Sequence[Run]) -> Deviations:
@@ -204,26 +221,36 @@ def deviations(runs: Sequence[Run]) -> Deviations:
     notes: list[str] = []
     entries: dict[int, LedgerEntry] = {}
     unobserved: set[int] = set()
+    cols = columns(runs)
     for run in runs:
         header = run.header
         if header.ledger_note:
             notes.append(f"{run.label}: {header.ledger_note}")
         entries.update({e.index: e for e in header.ledger_entries or ()})
         unobserved.update(header.ledger_unobserved or ())
-        for record in run.records:
-            if record.outcome not in ("xfailed", "xpassed"):
-                continue
-            for index in record.ledger_entries:
-                stats = seen.setdefault(index, _Seen())
-                stats.outcomes[record.outcome] += 1
-                stats.ops.add(record.op)
-            for c in record.comparisons:
-                if c.ledger is not None:
-                    seen.setdefault(c.ledger, _Seen()).ratios += _measured(c)
+    for col, record in tagged(runs, cols):
+        if record.outcome not in ("xfailed", "xpassed"):
+            continue
+        for index in record.ledger_entries:
+            stats = seen.setdefault(index, _Seen())
+            stats.outcomes[record.outcome] += 1
+            stats.ops.add(record.op)
+            stats.tokens.add(f"{col.id}/{record.outcome}")
+        for c in record.comparisons:
+            if c.ledger is not None:
+                seen.setdefault(c.ledger, _Seen()).ratios += _measured(c)
     unobserved -= set(seen)
+    for index in unobserved:
+        named = entries[index].match.get("backend", ()) if index in entries else ()
+        tokens = {f"{c.id}/xfailed" for c in cols if not named or c.backend in named}
+        seen.setdefault(index, _Seen()).tokens.update(tokens)
     rows = [
-        dataclasses.replace(_deviation_row(i, entries.get(i), seen.get(i)), not_observed=i in unobserved)
-        for i in sorted(set(entries) | set(seen))
+        dataclasses.replace(
+            _deviation_row(i, entries.get(i), seen[i]),
+            not_observed=i in unobserved,
+            bo=" ".join(sorted(seen[i].tokens)),
+        )
+        for i in sorted(seen)
     ]
     band_only = sum(1 for e in entries.values() if not e.model)
     counts = (
@@ -231,7 +258,8 @@ def deviations(runs: Sequence[Run]) -> Deviations:
         f"{band_only} by a band (no model yet); {len(unobserved)} could have applied to this run and were "
         "not observed here."
     )
-    return Deviations(tuple(rows), tuple(dict.fromkeys(notes)), counts if entries else "")
+    others = len(set(entries) - set(seen))
+    return Deviations(tuple(rows), tuple(dict.fromkeys(notes)), counts if entries else "", others)
 
 
 def _measured(c: ComparisonRecord) -> list[float]:
@@ -250,6 +278,7 @@ class _Seen:
     outcomes: Counter[str] = field(default_factory=Counter)
     ops: set[str] = field(default_factory=set)
     ratios: list[float] = field(default_factory=list)
+    tokens: set[str] = field(default_factory=set)  # column/outcome of the results it covered
 
 
 def _deviation_row(index: int, entry: LedgerEntry | None, stats: _Seen | None) -> DeviationRow:
@@ -280,9 +309,8 @@ def _deviation_row(index: int, entry: LedgerEntry | None, stats: _Seen | None) -
         xpassed,
         measured,
         entry_ops[0] if len(entry_ops) == 1 else "",
-        f"model {entry.model}"
-        if entry.model
-        else f"band {entry.band[1]:g} (no model yet" + (f": {entry.note})" if entry.note else ")"),
+        f"model {entry.model}" if entry.model else f"band {entry.band[1]:g} (no model yet)",
+        "" if entry.model else entry.note,
     )
 
 

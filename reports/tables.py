@@ -73,10 +73,24 @@ class Cell:
     outcome: str
     counts: Mapping[str, int]
     worst_ratio: float | None
+    # The known deviations among the records: the ledger entries they cite, the worst_ratio of the
+    # others (what the backend conforms to), and each xfailed output's figures against the oracle.
+    entries: tuple[int, ...] = ()
+    conforming_ratio: float | None = None
+    known_figures: tuple[str, ...] = ()
 
     @property
     def ratio_text(self) -> str:
         return ratio_text(self.worst_ratio)
+
+    @property
+    def known(self) -> int:
+        return self.counts.get("xfailed", 0)
+
+    @property
+    def conforming_text(self) -> str:
+        """A mostly conforming cell whose worst is a known deviation: ``✓ 0.25 · 1 known``."""
+        return f"{ratio_text(self.conforming_ratio) or '-'} · {self.known} known"
 
     @property
     def summary(self) -> str:
@@ -90,7 +104,17 @@ class Cell:
 
 def cell(records: Sequence[Result]) -> Cell:
     counts = Counter(r.outcome for r in records)
-    return Cell(worst(counts), dict(counts), worst_ratio(records))
+    known = [r for r in records if r.outcome in ("xfailed", "xpassed")]
+    entries = tuple(sorted({i for r in known for i in r.ledger_entries}))
+    figures = tuple(
+        f"{c.output}: worst_ratio {ratio_text(c.worst_ratio)} at [{', '.join(map(str, c.worst_index))}], "
+        f"max_abs {c.max_abs:.3g}"
+        for r in known
+        for c in r.comparisons
+        if not c.passed
+    )
+    others = [r for r in records if r.outcome not in ("xfailed", "xpassed")]
+    return Cell(worst(counts), dict(counts), worst_ratio(records), entries, worst_ratio(others), figures)
 
 
 def tokens(col_outcomes: Mapping[str, set[str]]) -> str:
@@ -208,6 +232,7 @@ class Failure:
     reason: str
     reproduce: str
     figures: tuple[Figure, ...]
+    entries: tuple[int, ...] = ()  # the ledger entries the record cites (an xpassed one: stale)
     # The largest worst_ratio of the failing outputs (inf for one without a finite figure): the order.
     severity: float = math.inf
 
@@ -247,6 +272,7 @@ def failures(runs: Sequence[Run]) -> list[Failure]:
                 record.reason,
                 record.reproduce,
                 figures,
+                record.ledger_entries,
                 _severity(record.comparisons),
             )
         )

@@ -88,6 +88,9 @@ def check(
         stop = start + (math.inf if seconds is None else seconds)
         _search(backend, caps, prop, ctx, max_examples, tally, ledger, stop)
     except Violation as found:
+        # The record's worst ratio is its counterexample's (the shrunk example the cell shows), not
+        # the largest among the examples that passed.
+        tally.worst = found.outcome.worst_ratio
         return _result(base, tally, start, prop, "failed", str(found), found.example.to_dict())
     except AdapterError as exc:
         return _result(base, tally, start, prop, "error", f"{backend.name} {prop.name}: {exc}")
@@ -95,6 +98,7 @@ def check(
         outcome, reason, example = _hypothesis_outcome(exc, tally)
         return _result(base, tally, start, prop, outcome, reason, example)
     if tally.known:
+        tally.worst = max(tally.worst, *(ratio for _, ratio in tally.known))
         return _result(base, tally, start, prop, "xfailed", _known_reason(tally))
     return _result(base, tally, start, prop, "passed")
 

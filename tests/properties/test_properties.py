@@ -63,6 +63,8 @@ def test_each_property_catches_its_broken_fake_with_a_minimal_example(fake):
     assert example.rows <= 3 and example.features <= 8, example
     again = prop.check(backend, example, CTX)
     assert not again.passed
+    # The record's worst ratio is the counterexample's, as the reason states it.
+    assert result.worst_ratio == again.worst_ratio > 1 and f"{again.worst_ratio:.4g}" in result.reason
 
 
 @pytest.mark.parametrize(

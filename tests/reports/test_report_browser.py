@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -187,3 +189,57 @@ def test_a_ci_sized_report_opens_in_under_two_seconds(browser, tmp_path):
     assert load_ms < 2000, load_ms
     assert requests == [target.as_uri()]
     assert page.locator("table.cases tbody tr").count() > 1000
+
+
+def test_the_backend_filter_hides_the_ledger_rows_of_other_backends(browser, report):
+    page, _, _ = _open(browser, report, "?backend=beta%20%C2%B7%20base")
+    row = page.locator("section#deviations tr#ledger-0")
+    assert row.is_visible()
+    page, _, _ = _open(browser, report, "?backend=alpha%20%C2%B7%20base")
+    assert not page.locator("section#deviations tr#ledger-0").is_visible()
+
+
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory):
+    """What a new user gets first: one backend over the smoke profile, with the real ledger."""
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("smoke")
+    command = [sys.executable, "-m", "conformance.cli.main", "run", "--backend", "torch-eager", "-n", "0"]
+    done = subprocess.run(
+        [*command, "-o", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False
+    )
+    assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
+    return out / "report.html"
+
+
+# The budget of a one-backend smoke report: what ran, not the whole ledger (about 10 screens).
+MAX_BYTES = 150_000
+SCREEN = {"width": 1280, "height": 900}
+MAX_SCREENS = 10
+
+
+def test_a_one_backend_smoke_report_leads_with_what_ran_within_its_budget(browser, smoke_report):
+    assert smoke_report.stat().st_size <= MAX_BYTES
+    page, _, errors = _open(browser, smoke_report, viewport=SCREEN)
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height <= MAX_SCREENS * SCREEN["height"], f"{height} px"
+    # The ledger lists the entries that applied to this run, after failures, conventions, properties.
+    order = page.evaluate("Array.from(document.querySelectorAll('main > section')).map(s => s.id)")
+    assert order.index("failures") < order.index("conventions") < order.index("properties")
+    assert order.index("properties") < order.index("deviations")
+    rows = page.locator("section#deviations tbody tr")
+    listed = rows.count()
+    assert 0 < listed < 40 and "more are for other backends, platforms or cases" in page.inner_text(
+        "section#deviations"
+    )
+    # Every link to a ledger entry lands on a listed row; the matrix says a known deviation is known.
+    targets = {a.get_attribute("href") for a in page.locator('a[href^="#ledger-"]').all()}
+    ids = {f"#{r.get_attribute('id')}" for r in rows.all()}
+    assert targets and targets <= ids
+    known = page.locator("table.matrix td.cell.xfailed")
+    assert known.count() > 0 and all(" known" in cell.inner_text() for cell in known.all())
+    # An xfailed check opens on its figures against the oracle.
+    cell = page.locator("table.cases td.cell.xfailed details").first
+    cell.locator("summary").click()
+    assert "worst_ratio" in cell.inner_text() and "at [" in cell.inner_text()
+    assert errors == []

@@ -114,3 +114,21 @@ def test_rounding_section_shows_bias_per_backend_and_dtype(tmp_path):
     assert "FAILS" in text  # the failure's figure row: bias / drift with the limit
     md = markdown.render(data)
     assert "### Rounding" in md and "| fake-trunc | bfloat16 | 1 of 1 | 1 |" in md
+
+
+def test_rounding_section_says_when_nothing_was_judged(tmp_path):
+    """Outputs under 256 elements are recorded, not judged: the section says so instead of a table
+    of empty figures."""
+    from conformance.judging.compare import compare
+    from conformance.judging.tolerances import Tolerance
+
+    from support.reports import case, result
+
+    exact = __import__("numpy").random.default_rng(0).standard_normal(40)
+    small = compare("y", exact.astype("float16"), exact, Tolerance(0.01, 0.01, 0.0, "t", "w"), "float16")
+    assert small.rounding is not None and not small.rounding.judged
+    record = result("fake-half", case(dtype="float16"))
+    record["comparisons"] = [small.to_dict()]
+    text = html.render(render.ReportInput(tuple(runs.read_runs([write(tmp_path / "run.jsonl", [record])]))))
+    section = text[text.index('<section id="rounding">') :].split("</section>")[0]
+    assert "1 half-precision comparison(s) recorded, none judged" in section and "<table" not in section
