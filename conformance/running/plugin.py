@@ -244,7 +244,9 @@ class RunState:
         test by its package path (--pyargs), its results into a scratch file beside (not over) the
         run's, with the user's own -p plugins and rules files."""
         s = self.settings
-        parts = ["pytest", "--pyargs", _package_test(nodeid), "--backend", backend]
+        # python -m pytest: the current folder is on the path, as for normconf run, so a -p module
+        # that lives there imports.
+        parts = ["python", "-m", "pytest", "--pyargs", _package_test(nodeid), "--backend", backend]
         parts += ["--results", REPRODUCE_RESULTS]
         parts += ["--cases", s.cases_file] if s.cases_file else ["--profile", s.profile]
         parts += ["--tolerances", s.tolerances_option] if s.tolerances_option else []

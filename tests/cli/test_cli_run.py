@@ -95,7 +95,8 @@ def test_run_with_a_failing_backend_exits_1_and_still_reports(tmp_path):
     )
     assert status == 1, out + err
     text = (tmp_path / "report.html").read_text()
-    assert "Failures (0)" not in text and "fake-bias-ignored" in text and "reproduce: <code>pytest" in text
+    assert "Failures (0)" not in text and "fake-bias-ignored" in text
+    assert "reproduce: <code>python -m pytest --pyargs" in text
     # --save-failures reaches pytest: a replayable bundle per failed comparison, named in the results.
     failed = [r for r in runs.read_runs([tmp_path / "results.jsonl"])[0].records if r.outcome == "failed"]
     named = {Path(r.extra["bundle"]) for r in failed if r.check in ("forward", "backward")}

@@ -152,7 +152,8 @@ def test_a_printed_reproduce_command_runs_from_the_users_folder(tmp_path):
     failed = [r for r in records if r["kind"] == "result" and r["outcome"] == "failed"]
     assert failed and all("-p broken_rmsnorm" in r["reproduce"] for r in failed)
     command = failed[0]["reproduce"]
-    assert command.startswith("pytest --pyargs conformance.suite.") and "conformance.cli" not in command
+    assert command.startswith("python -m pytest --pyargs 'conformance.suite.")
+    assert "conformance.cli" not in command
     # As the user would paste it into their shell, with the venv's pytest first on PATH.
     shell_env = {**env, "PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}"}
     again = subprocess.run(

@@ -54,7 +54,7 @@ def test_broken_fake_is_caught(suite, fake):
     assert f"output '{output}' out of tolerance" in reason
     assert "tolerances.toml rule[" in reason and "why:" in reason
     assert (
-        f"reproduce: pytest --pyargs conformance.suite.test_{check}::test_{check}[{fake}:"
+        f"reproduce: python -m pytest --pyargs conformance.suite.test_{check}::test_{check}[{fake}:"
         in reason.replace("'", "")
     )
 

@@ -55,7 +55,8 @@ def test_momentum_passed_straight_through_is_caught(suite):
         assert "output 'running_mean' out of tolerance" in reason
         assert "tolerances.toml rule[" in reason and "why:" in reason
         # The reproduce command quotes the node id.
-        reproduce = f"reproduce: pytest --pyargs conformance.suite.test_training::test_training[{MOMENTUM}:"
+        test = f"conformance.suite.test_training::test_training[{MOMENTUM}:"
+        reproduce = f"reproduce: python -m pytest --pyargs {test}"
         assert reproduce in reason.replace("'", "")
     # Only the running statistics are wrong: y of the same training cases still passes.
     forward = _checked(run, "forward", MOMENTUM, training=True)
