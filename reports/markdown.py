@@ -12,9 +12,11 @@ from conformance.results.diff import text as diff_text
 from conformance.results.render import ReportInput
 from conformance.results.runs import Run
 from conformance.results.schema import OUTCOMES
-from reports import changes, conventions, sections, tables
+from reports import bench, changes, conventions, sections, tables
 
 MAX_FAILURES = 20
+# Benchmark rows in the summary (the HTML report has every one).
+MAX_BENCH_ROWS = 40
 
 
 # Markdown's active characters, each escaped with a backslash; HTML's are entities (job summaries
@@ -47,7 +49,7 @@ def render(data: ReportInput) -> str:
     for col, counts in tables.totals(runs):
         lines.append(f"| {escape(col.key)} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
     lines += _failures(runs)
-    lines += _rounding(runs) + _conventions(runs) + _properties(runs)
+    lines += _rounding(runs) + _conventions(runs) + _properties(runs) + _benchmarks(data, runs)
     for change in changes.changes(runs, data.benches, data.thresholds):
         verdict = "**regression**" if change.diff.regression else "no regression"
         lines += ["", f"### {escape(change.base)} → {escape(change.new)}: {verdict}", ""]
@@ -176,3 +178,33 @@ def render_conventions(data: ReportInput) -> str:
     lines += [f"- **{escape(run.label)}**: {len(run.records)} results" for run in runs]
     table = _conventions(runs)
     return "\n".join(lines + (table or ["", "These results hold no fingerprint record."])) + "\n"
+
+
+def _benchmarks(data: ReportInput, runs: list[Run]) -> list[str]:
+    """Per case and check: each backend's median, GB/s and fraction of the same-run copy (speedup
+    over the baseline where there is one)."""
+    if not data.benches:
+        return []
+    found = bench.bench_table(data.benches, runs, data.baseline)
+    cols = [c.key for c in found.columns]
+    rows = []
+    for row in found.rows[:MAX_BENCH_ROWS]:
+        cells = []
+        for key in cols:
+            c = row.cells.get(key)
+            if c is None:
+                cells.append("")
+                continue
+            text = f"{c.median_us:.3g} us"
+            text += f", {c.gbps:.3g} GB/s" if c.gbps is not None else ""
+            text += f" ({c.roofline_fraction:.0%} of copy)" if c.roofline_fraction is not None else ""
+            text += f", {c.speedup:.2f}x" if c.speedup is not None and key != found.baseline else ""
+            cells.append(escape(text))
+        rows.append([escape(row.case_id), escape(row.check), *cells])
+    title = f"### Benchmarks ({len(found.rows)} timed cases"
+    title += f"; speedups over {escape(found.baseline)})" if found.baseline else ")"
+    lines = ["", title, "", *_table(["case", "check", *map(escape, cols)], rows)]
+    if len(found.rows) > MAX_BENCH_ROWS:
+        lines.append(f"\n... and {len(found.rows) - MAX_BENCH_ROWS} more in the HTML report")
+    lines += [f"- {escape(name)}: {escape(value)}" for name, value in found.auxiliary]
+    return lines

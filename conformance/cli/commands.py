@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conformance.adapter import listing
+from conformance.cli import bench as benchmarks
 from conformance.cli import judge, launch, options
 from conformance.failures import replay
 from conformance.results import diff, render
@@ -52,8 +53,7 @@ def build_run(sub: Sub, name: str) -> argparse.ArgumentParser:
         help="pytest plugin module to load, e.g. one that registers a backend with conformance.register()",
     )
     p.add_argument("--bench", action="store_true", help="also run the benchmarks (conformance/bench)")
-    p.add_argument("--bench-profile", metavar="P", help="benchmark cases (the benchmarks' --bench-profile)")
-    p.add_argument("--baseline", metavar="BACKEND", help="backend the benchmark speedups are relative to")
+    benchmarks.add_bench_options(p, None)
     return p
 
 
@@ -62,11 +62,11 @@ def run(args: argparse.Namespace) -> int:
     chosen = options.selection(args)
     options.parse_shard(args.shard)
     _check_workers(args.workers)
-    if args.bench and not launch.BENCH.is_dir():
-        raise options.UsageError(
-            f"--bench: no benchmarks in this installation ({launch.BENCH} does not exist yet); "
-            "run without --bench"
-        )
+    if args.bench:
+        benchmarks.check_options(args)
+    elif args.baseline or args.bench_profile:
+        flag = "--baseline" if args.baseline else "--bench-profile"
+        raise options.UsageError(f"{flag} without --bench is not allowed; allowed: with --bench")
     out = Path(args.output)
     results = out / "results.jsonl"
     results.unlink(missing_ok=True)
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             f"normconf run: pytest exited with status {status}; the results are partial, see {log}",
             file=sys.stderr,
         )
-    bench, bench_status = _run_bench(args, out) if args.bench else ([], 0)
+    bench, bench_status = benchmarks.run_benchmarks(args, out, "normconf run") if args.bench else ([], 0)
     _summarize(results, bench, out, args.baseline, args.shard)
     return 0 if status == 0 and bench_status == 0 else 1
 
@@ -113,34 +113,6 @@ def _failed_start(status: int, log: Path) -> int:
         f"normconf run: pytest exited with status {status} and wrote no results; see {log}", file=sys.stderr
     )
     return 2 if status in (4, 5) else 1
-
-
-def _run_bench(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
-    """Run conformance/bench with the same backends and case selection; (JSON files, pytest status)."""
-    target = out / "bench.json"
-    target.unlink(missing_ok=True)
-    command = [
-        str(launch.BENCH),
-        "--benchmark-only",
-        f"--benchmark-json={target}",
-        "--backend",
-        args.backend,
-        "-q",
-    ]
-    for option in ("op", "dtype", "cases", "bench_profile"):
-        if getattr(args, option):
-            command += [f"--{option.replace('_', '-')}", getattr(args, option)]
-    command += [arg for module in args.plugin for arg in ("-p", module)]
-    display = launch.Display(sys.stdout, launch.use_bar(sys.stdout))
-    print(f"normconf run: benchmarks; pytest log {out / 'bench.log'}")
-    status = launch.run_pytest(command, out / "bench.log", display.event)
-    display.finish()
-    if status != 0:
-        print(
-            f"normconf run: the benchmarks exited with status {status}; see {out / 'bench.log'}",
-            file=sys.stderr,
-        )
-    return ([str(target)] if target.exists() else []), status
 
 
 def _summarize(
@@ -401,6 +373,7 @@ COMMANDS: dict[str, tuple[Builder, Callable[[argparse.Namespace], int]]] = {
     "compare": (build_compare, compare),
     "judge": (judge.build_judge, judge.judge),
     "replay": (build_replay, replay.replay),
+    "bench": (benchmarks.build_bench, benchmarks.bench),
     "backends": (build_backends, backends),
     "cases": (build_cases, cases),
 }

@@ -211,8 +211,15 @@ def test_the_conformance_suite_does_not_collect_the_benchmarks() -> None:
 
 
 def test_tables_script_reads_the_json(timed: dict[str, Any]) -> None:
-    script = ROOT / "scripts" / "bench_tables.py"
-    command = [sys.executable, str(script), str(timed["path"]), "--noise", str(timed["path"])]
+    # Shipped in the package: python -m reports.bench_tables from any folder.
+    command = [
+        sys.executable,
+        "-m",
+        "reports.bench_tables",
+        str(timed["path"]),
+        "--noise",
+        str(timed["path"]),
+    ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     for title in ("LayerNorm vs RMSNorm", "Fused vs composed", "Best and worst roofline", "Noise between"):
@@ -289,9 +296,8 @@ def test_image_op_records_carry_the_byte_model(images: dict[str, Any]) -> None:
 
 
 def test_tables_script_has_an_image_section(images: dict[str, Any]) -> None:
-    script = ROOT / "scripts" / "bench_tables.py"
     done = subprocess.run(
-        [sys.executable, str(script), str(images["path"]), "--noise", str(images["path"])],
+        [sys.executable, "-m", "reports.bench_tables", str(images["path"]), "--noise", str(images["path"])],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

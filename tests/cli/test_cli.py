@@ -12,7 +12,7 @@ import pytest
 
 from conformance.adapter import registry
 from conformance.cli import commands, launch, main, options
-from conformance.model import profiles
+from conformance.model import profiles, sweep
 from conformance.results.schema import SCHEMA_VERSION
 from conformance.running import flags
 from conformance.running.settings import selection_line
@@ -37,11 +37,18 @@ def test_help_lists_commands_and_exit_codes(capsys):
     assert "2  usage error" in out
 
 
-@pytest.mark.parametrize("command", ["run", "report", "compare", "backends", "cases"])
+@pytest.mark.parametrize("command", ["run", "report", "compare", "backends", "cases", "bench", "replay"])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as info:
         main.main([command, "--help"])
     assert info.value.code == 0 and "exit status:" in capsys.readouterr().out
+
+
+def test_bench_help_lists_the_bench_profiles_and_the_default(capsys):
+    with pytest.raises(SystemExit):
+        main.main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"bench profiles: {', '.join(sweep.BENCH_PROFILES)} (default quick)" in out
 
 
 def test_report_writes_html_and_markdown(tmp_path, capsys):

@@ -192,3 +192,40 @@ def test_run_writes_results_report_summary_and_shards_merge(tmp_path):
     assert "from 1 run(s)" in text and "(shard 1/2)" in text and "(shard 2/2)" in text
     merged = runs.read_runs(results)
     assert len(merged) == 1 and {r.case_id for r in merged[0].records} == expected
+
+
+def test_bench_times_the_backends_and_prints_gbps_and_fraction_of_copy(tmp_path):
+    status, out, err = normconf(
+        tmp_path, "bench", "--backend", "fake-numpy", "-p", "fakes.core", "--bench-profile", "tiny",
+        "--op", "rms_norm", "--dtype", "float32", "-o", tmp_path,
+    )  # fmt: skip
+    assert status == 0, out + err
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:3] == ["backend", "case", "check"])
+    assert lines[head].split() == ["backend", "case", "check", "median", "GB/s", "of", "copy"]
+    rows = [line.split() for line in lines[head + 1 :] if line.startswith("fake-numpy")]
+    assert rows and {r[2] for r in rows} == {"forward", "backward"}
+    assert all(r[1].startswith("rms_norm-float32-") and r[-1].endswith("%") for r in rows)
+    assert any(line.startswith("copy: ") and "GB/s" in line for line in lines)
+    assert (tmp_path / "bench.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("run", "--bench", "--baseline", "nope"), "--baseline='nope' is not allowed; allowed: a backend"),
+        (("run", "--baseline", "torch-nn"), "--baseline without --bench is not allowed"),
+        (
+            ("bench", "--bench-profile", "huge"),
+            "--bench-profile='huge' is not allowed; allowed: sweep, quick",
+        ),
+        (
+            ("bench", "--backend", "fake-numpy", "--baseline", "torch-nn"),
+            "--baseline='torch-nn' is not allowed",
+        ),
+    ],
+)
+def test_bench_options_are_checked_before_anything_runs(tmp_path, args, message):
+    status, out, err = normconf(tmp_path, *args, "-p", "fakes.core", "-o", tmp_path)
+    assert status == 2 and message in err, out + err
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing was written

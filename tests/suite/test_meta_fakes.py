@@ -13,8 +13,6 @@ import sys
 
 import pytest
 
-from support.suite import ROOT
-
 # fake -> (check, output) that must be reported failing with a tolerance message
 BROKEN = {
     "fake-eps-outside-sqrt": ("forward", "y"),
@@ -63,26 +61,21 @@ def test_reproduce_command_reruns_exactly_that_case(suite, tmp_path):
     run = suite("--backend", "fake-bias-ignored", "--profile", "smoke")
     failed = next(r for r in run.records if r["outcome"] == "failed")
     command = shlex.split(failed["reproduce"])
-    assert command[0] == "pytest"
+    assert command[:4] == ["python", "-m", "pytest", "--pyargs"]
+    # From another folder: the test by its package path, its result into the scratch file there.
     rerun = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            *command,
-            "--results",
-            str(tmp_path / "again.jsonl"),
-            "-p",
-            "no:cacheprovider",
-        ],
-        cwd=ROOT,
+        [sys.executable, *command[1:], "-p", "no:cacheprovider"],
+        cwd=tmp_path,
         env=run_env(),
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
-    assert rerun.returncode == 1
+    assert rerun.returncode == 1, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert "1 failed" in rerun.stdout
+    scratch = (tmp_path / ".normconf" / "reproduce" / "results.jsonl").read_text().splitlines()
+    assert len(scratch) == 2 and '"failed"' in scratch[1]
 
 
 def run_env():

@@ -1,6 +1,6 @@
 """Markdown tables for docs/benchmarks.md from normconf benchmark JSON (pytest-benchmark's --benchmark-json).
 
-Usage: python scripts/bench_tables.py BENCH.json [--noise SECOND.json] [--interpreted]
+Usage: python -m reports.bench_tables BENCH.json [--noise SECOND.json] [--interpreted]
 
 Prints the session (device, threads, copy roofline), then: LayerNorm vs RMSNorm time per backend and
 dtype; fused vs composed add+RMSNorm; float32 vs half precision (what statistics precision costs);

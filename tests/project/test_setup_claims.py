@@ -1,0 +1,54 @@
+"""What README and the Makefile claim about setting up: the CPU build of torch from PyTorch's CPU
+wheel index, and `make conformance` installing only what it runs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from support.suite import ROOT
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def _dry_run(target: str, tmp_path) -> list[str]:
+    """The commands ``make TARGET`` would run in a fresh checkout (a venv that does not exist yet)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run(
+        ["make", "-n", f"VENV={tmp_path / 'venv'}", target],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout.splitlines()
+
+
+def test_make_conformance_installs_only_what_it_runs(tmp_path):
+    lines = _dry_run("conformance", tmp_path)
+    installs = [line for line in lines if "pip install" in line and "--upgrade pip" not in line]
+    assert len(installs) == 2, installs
+    assert "torch==2.13.0" in installs[0] and f"--extra-index-url {CPU_INDEX}" in installs[0]
+    assert installs[1].endswith('-e ".[all]"')
+    assert not [line for line in lines if re.search(r"frameworks|lint|test\]", line)]
+    assert lines[-1].split()[1:3] == ["run", "--profile"]
+
+
+def test_make_test_adds_the_test_lint_and_framework_packages(tmp_path):
+    installs = [line for line in _dry_run("test", tmp_path) if "pip install" in line]
+    assert installs[-1].endswith('-e ".[all,frameworks,test,lint]"')
+
+
+def test_every_torch_install_the_docs_give_takes_the_cpu_build():
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    commands = [
+        (path.name, line)
+        for path in texts
+        for line in path.read_text().splitlines()
+        if re.search(r"pip install[^\n]*torch==", line)
+    ]
+    assert commands
+    # The one that names a plain install does so to warn against it.
+    bad = [(name, line) for name, line in commands if CPU_INDEX not in line and "plain" not in line]
+    assert not bad, bad
