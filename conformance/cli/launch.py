@@ -82,6 +82,12 @@ def use_bar(out: TextIO) -> bool:
     return out.isatty() and not os.environ.get("CI")
 
 
+def _own_environment() -> dict[str, str]:
+    """This process's environment without what a surrounding pytest-xdist worker set: the child is
+    its own session (pytest-benchmark, for one, turns itself off where it sees an xdist worker)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST_", "PYTEST_CURRENT_TEST"))}
+
+
 def run_pytest(args: Sequence[str], log: Path, on_event: Callable[[dict[str, object]], None]) -> int:
     """Run ``python -m pytest ARGS -p conformance.cli.progress``, pytest's output into ``log``."""
     command = [sys.executable, "-m", "pytest", *args, "-p", "conformance.cli.progress"]
@@ -95,7 +101,7 @@ def run_pytest(args: Sequence[str], log: Path, on_event: Callable[[dict[str, obj
                 command,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, ENV: str(write_fd)},
+                env={**_own_environment(), ENV: str(write_fd)},
                 pass_fds=(write_fd,),
             )
         finally:
