@@ -162,7 +162,11 @@ def _failures(runs: list[Run]) -> list[str]:
         if worst:
             lines.append(
                 "  "
-                + "; ".join(f"`{escape(g.output)}` worst_ratio {g.worst_ratio} at {g.index}" for g in worst)
+                + "; ".join(
+                    f"`{escape(g.output)}` worst_ratio {g.worst_ratio}"
+                    + (f" at {g.index}" if g.index else "")
+                    for g in worst
+                )
             )
         if f.reproduce:
             lines += ["", *("  " + line for line in fence(f.reproduce)), ""]

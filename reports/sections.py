@@ -229,16 +229,27 @@ def deviations(runs: Sequence[Run]) -> Deviations:
         entries.update({e.index: e for e in header.ledger_entries or ()})
         unobserved.update(header.ledger_unobserved or ())
     for col, record in tagged(runs, cols):
-        if record.outcome not in ("xfailed", "xpassed"):
-            continue
+        # Every result that cites an entry: xfailed and xpassed ones count as what it explained;
+        # a failed one cites an entry that applied but did not explain it.
         for index in record.ledger_entries:
             stats = seen.setdefault(index, _Seen())
             stats.outcomes[record.outcome] += 1
             stats.ops.add(record.op)
             stats.tokens.add(f"{col.id}/{record.outcome}")
+        if record.outcome not in ("xfailed", "xpassed"):
+            continue
         for c in record.comparisons:
             if c.ledger is not None:
                 seen.setdefault(c.ledger, _Seen()).ratios += _measured(c)
+    by_backend = {(c.run, c.backend): c for c in cols}
+    for run in runs:
+        for prop in run.properties:
+            owner = by_backend.get((run.label, prop.backend))
+            for index in (i for i in prop.extra.get("ledger", ()) if isinstance(i, int)):
+                stats = seen.setdefault(index, _Seen())
+                stats.outcomes[prop.outcome] += 1
+                if owner is not None:
+                    stats.tokens.add(f"{owner.id}/{prop.outcome}")
     unobserved -= set(seen)
     for index in unobserved:
         named = entries[index].match.get("backend", ()) if index in entries else ()

@@ -89,8 +89,11 @@ class Cell:
 
     @property
     def conforming_text(self) -> str:
-        """A mostly conforming cell whose worst is a known deviation: ``✓ 0.25 · 1 known``."""
-        return f"{ratio_text(self.conforming_ratio) or '-'} · {self.known} known"
+        """A cell whose worst is a known deviation: ``0.25 · 1 known`` beside its conforming checks'
+        worst_ratio, or ``3 known`` when every check of it is a known deviation."""
+        if self.conforming_ratio is None:
+            return f"{self.known} known"
+        return f"{ratio_text(self.conforming_ratio)} · {self.known} known"
 
     @property
     def summary(self) -> str:

@@ -28,8 +28,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("normconf-bench", "normconf benchmarks (conformance/bench)")
     group.addoption(
         "--bench-profile",
-        default="sweep",
-        help=f"benchmark cases: {', '.join(sweep.BENCH_PROFILES)} (default sweep; --cases FILE overrides)",
+        default=sweep.DEFAULT_PROFILE,
+        help=f"benchmark cases: {', '.join(sweep.BENCH_PROFILES)} (default {sweep.DEFAULT_PROFILE}; "
+        "--cases FILE overrides)",
     )
     group.addoption(
         "--bench-threads",

@@ -4,6 +4,7 @@ subprocess, their options checked before anything runs, and a table of what they
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,39 +73,59 @@ def build_bench(sub: Sub, name: str) -> argparse.ArgumentParser:
 
 
 def bench(args: argparse.Namespace) -> int:
-    check_options(args)
+    check_options(args, "normconf bench")
     out = Path(args.output)
     files, status = run_benchmarks(args, out, "normconf bench")
+    if status == 4:  # pytest refused its arguments: its own words are in the log
+        return launch.failed_start(status, out / "bench.log")
     for f in options.load_benches(files):
         for line in table(f):
             print(line)
-    print(f"benchmarks: {out / 'bench.json'}")
+    if files:
+        print(f"benchmarks: {files[0]}")
     return 0 if status == 0 else 1
 
 
-def check_options(args: argparse.Namespace) -> None:
-    """Refuse a bad --bench-profile or --baseline before anything runs, naming the allowed values."""
+def check_options(args: argparse.Namespace, who: str = "normconf run --bench") -> None:
+    """Refuse what would stop the benchmarks (no pytest-benchmark, an unknown backend, a bench
+    profile, op or dtype without cases, a baseline that is not timed) before anything runs."""
     if not launch.BENCH.is_dir():
         raise options.UsageError(
-            f"--bench: no benchmarks in this installation ({launch.BENCH} does not exist yet); run without it"
+            f"{who}: no benchmarks in this installation ({launch.BENCH} does not exist yet)"
+            + ("; run without --bench" if who.endswith("--bench") else "")
         )
-    profile = args.bench_profile
-    if profile is not None and profile not in sweep.BENCH_PROFILES:
+    if importlib.util.find_spec("pytest_benchmark") is None:
+        raise options.UsageError(f"{who} needs pytest-benchmark: pip install 'normconf[bench]'")
+    profile = args.bench_profile or sweep.DEFAULT_PROFILE
+    if profile not in sweep.BENCH_PROFILES:
         raise options.UsageError(
             f"--bench-profile={profile!r} is not allowed; allowed: {', '.join(sweep.BENCH_PROFILES)}"
         )
-    if args.baseline is None:
-        return
+    if not args.cases and not _selected_cases(profile, args.op, args.dtype):
+        raise options.UsageError(
+            f"no benchmark case selected: --bench-profile={profile} has no case with --op={args.op} "
+            f"--dtype={args.dtype}"
+        )
     options.import_plugins(args.plugin)
     try:
         selected = registry.resolve(args.backend, registry.entries())
     except registry.RegistryError as exc:
         raise options.UsageError(str(exc)) from exc
-    if args.baseline not in selected:
+    if args.baseline is not None and args.baseline not in selected:
         raise options.UsageError(
             f"--baseline={args.baseline!r} is not allowed; allowed: a backend this run times "
             f"(--backend {args.backend}): {', '.join(selected)}"
         )
+
+
+def _selected_cases(profile: str, op: str | None, dtype: str | None) -> list[str]:
+    ops = op.split(",") if op else None
+    dtypes = dtype.split(",") if dtype else None
+    return [
+        c.id
+        for c in sweep.cases(profile)
+        if (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)
+    ]
 
 
 def run_benchmarks(args: argparse.Namespace, out: Path, who: str) -> tuple[list[str], int]:
@@ -112,7 +133,9 @@ def run_benchmarks(args: argparse.Namespace, out: Path, who: str) -> tuple[list[
     target = out / "bench.json"
     target.unlink(missing_ok=True)
     command = [str(launch.BENCH), "--benchmark-only", f"--benchmark-json={target}"]
-    command += ["--backend", args.backend, "-q"]
+    # The suite's plugin checks --op and --dtype against its profile in every session; the full
+    # profile holds every op and dtype, so only the bench profile (checked above) selects.
+    command += ["--backend", args.backend, "--profile", "full", "-q"]
     for option in ("op", "dtype", "cases", "bench_profile"):
         if getattr(args, option, None):
             command += [f"--{option.replace('_', '-')}", getattr(args, option)]

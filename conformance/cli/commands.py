@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     status = launch.run_pytest(_pytest_args(args, results), log, display.event)
     display.finish()
     if status == 4 or not results.exists():
-        return _failed_start(status, log)
+        return launch.failed_start(status, log)
     if status not in (0, 1):
         # pytest stopped early (interrupted, internal error): the results hold the tests that ran.
         print(
@@ -102,17 +102,6 @@ def _pytest_args(args: argparse.Namespace, results: Path) -> list[str]:
     command += flags.forward(args, passed)
     command += [arg for module in args.plugin for arg in ("-p", module)]
     return command + (["-n", args.workers] if args.workers != "0" else [])
-
-
-def _failed_start(status: int, log: Path) -> int:
-    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
-    errors = [line for line in lines if "error" in line.lower()] or lines[-15:]
-    for line in errors[-15:]:
-        print(line, file=sys.stderr)
-    print(
-        f"normconf run: pytest exited with status {status} and wrote no results; see {log}", file=sys.stderr
-    )
-    return 2 if status in (4, 5) else 1
 
 
 def _summarize(

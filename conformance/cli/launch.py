@@ -107,9 +107,25 @@ def run_pytest(args: Sequence[str], log: Path, on_event: Callable[[dict[str, obj
         finally:
             # Only the child writes; the pipe ends (EOF) when pytest and anything it spawned exit.
             os.close(write_fd)
-        for raw in events:
-            try:
-                on_event(json.loads(raw))
-            except json.JSONDecodeError:
-                continue
+        try:
+            for raw in events:
+                try:
+                    on_event(json.loads(raw))
+                except json.JSONDecodeError:
+                    continue
+        except BaseException:
+            # Our reader went away (a closed pipe, ^C): end pytest rather than leave it running.
+            process.terminate()
+            process.wait()
+            raise
         return process.wait()
+
+
+def failed_start(status: int, log: Path) -> int:
+    """pytest stopped before running anything: its error lines from the log; 2 for a usage error."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    errors = [line for line in lines if "error" in line.lower()] or lines[-15:]
+    for line in errors[-15:]:
+        print(line, file=sys.stderr)
+    print(f"normconf: pytest exited with status {status} and wrote no results; see {log}", file=sys.stderr)
+    return 2 if status in (4, 5) else 1

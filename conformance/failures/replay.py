@@ -56,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def replay(args: argparse.Namespace) -> int:
+    if args.plugins and "" not in sys.path:
+        sys.path.insert(0, "")  # a -p module in the current folder imports, as under python -m
     try:
         for module in args.plugins:
             importlib.import_module(module)

@@ -14,6 +14,8 @@ from conformance.model.case import Case
 from conformance.model.profiles import Grid
 
 BENCH_PROFILES: tuple[str, ...] = ("sweep", "quick", "tiny", *profiles.PROFILES)
+# The benchmarks' own default (pytest conformance/bench); normconf bench defaults to "quick".
+DEFAULT_PROFILE = "sweep"
 OPS = ("layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm")
 DTYPES = ("float32", "float16", "bfloat16")
 # Diffusion U-Nets and their VAEs normalize with 32 groups (Stable Diffusion, diffusers' default).

@@ -48,14 +48,15 @@ class Flag:
             words["metavar"] = self.metavar
         return words
 
-    def forwarded(self, value: object, default: object) -> list[str]:
-        """The pytest arguments that pass ``value`` on (none for the default, so pytest's applies)."""
+    def forwarded(self, value: object) -> list[str]:
+        """The pytest arguments that pass ``value`` on. A value is passed even where it equals
+        pytest's default, so that neither PYTEST_ADDOPTS nor an ini file's addopts can replace it."""
         if self.action == "store_true":
             return [self.name] if value else []
         if self.action == "append":
             items = value if isinstance(value, list | tuple) else ()
             return [arg for item in items for arg in (self.name, str(item))]
-        return [] if value is None or value == default else [self.name, str(value)]
+        return [] if value is None else [self.name, str(value)]
 
 
 BACKEND = Flag(
@@ -116,15 +117,14 @@ RUN = (BACKEND, *SELECTION, CALL_TIMEOUT, MAX_TIMEOUTS_FLAG, TOLERANCES, *LEDGER
 
 def add(adder: _AddsOptions, flags: Iterable[Flag], defaults: Mapping[str, object] | None = None) -> None:
     """Add ``flags`` through ``adder`` (pytest's ``group.addoption`` or argparse's ``add_argument``);
-    ``defaults`` overrides a flag's default by its dest (normconf run's profile is ci)."""
+    ``defaults`` overrides a flag's default by its dest."""
     for flag in flags:
         adder(flag.name, **flag.keywords((defaults or {}).get(flag.dest, flag.default)))
 
 
 def forward(args: argparse.Namespace, flags: Iterable[Flag]) -> list[str]:
-    """pytest arguments for the values of ``flags`` in ``args``: those that differ from pytest's defaults
-    (the plugin's), so the command reads as short as the user's."""
-    return [arg for flag in flags for arg in flag.forwarded(getattr(args, flag.dest), flag.default)]
+    """pytest arguments for the values of ``flags`` in ``args``."""
+    return [arg for flag in flags for arg in flag.forwarded(getattr(args, flag.dest))]
 
 
 def build_settings(get: Callable[[str], Any], results: Path) -> Settings:

@@ -7,6 +7,7 @@ process that writes (the xdist controller, or the single process) collects them 
 from __future__ import annotations
 
 import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from conformance.results.records import Record, from_dict, write_atomic
 from conformance.results.result import Result
 from conformance.running import checks, flags, observed, outcomes, shard, summary
 from conformance.running.nodeid import NODE_ID
-from conformance.running.settings import Settings, SettingsError, selection_line
+from conformance.running.settings import MAX_TIMEOUTS, Settings, SettingsError, selection_line
 
 SETTINGS = pytest.StashKey[Settings]()
 SHARD = pytest.StashKey[shard.Shard | None]()
@@ -244,14 +245,17 @@ class RunState:
         test by its package path (--pyargs), its results into a scratch file beside (not over) the
         run's, with the user's own -p plugins and rules files."""
         s = self.settings
-        # python -m pytest: the current folder is on the path, as for normconf run, so a -p module
-        # that lives there imports.
-        parts = ["python", "-m", "pytest", "--pyargs", _package_test(nodeid), "--backend", backend]
+        # This interpreter (the environment normconf runs in, activated or not), as -m: the current
+        # folder is on the path, as for normconf run, so a -p module that lives there imports.
+        parts = [sys.executable, "-m", "pytest", "--pyargs", _package_test(nodeid), "--backend", backend]
         parts += ["--results", REPRODUCE_RESULTS]
-        parts += ["--cases", s.cases_file] if s.cases_file else ["--profile", s.profile]
-        parts += ["--tolerances", s.tolerances_option] if s.tolerances_option else []
-        parts += [arg for file in s.ledger_option for arg in ("--ledger", file)]
+        parts += ["--cases", _absolute(s.cases_file)] if s.cases_file else ["--profile", s.profile]
+        parts += ["--tolerances", _absolute(s.tolerances_option)] if s.tolerances_option else []
+        parts += [arg for file in s.ledger_option for arg in ("--ledger", _absolute(file))]
         parts += ["--no-builtin-ledger"] if not s.ledger.builtin else []
+        parts += ["--strict-ledger"] if s.ledger.strict else []
+        parts += ["--call-timeout", f"{s.timeout:g}"] if s.timeout != flags.CALL_TIMEOUT.default else []
+        parts += ["--max-timeouts", str(s.max_timeouts)] if s.max_timeouts != MAX_TIMEOUTS else []
         parts += _plugin_args(self.config)
         return shlex.join(parts)
 
@@ -275,6 +279,11 @@ def _backend_field(opened: Opened) -> dict[str, Any]:
 def _shard_field(config: pytest.Config) -> dict[str, Any]:
     part = config.stash[SHARD]
     return {"shard": part.to_dict()} if part is not None else {}
+
+
+def _absolute(path: str) -> str:
+    """A file option as a path that holds from any folder (the command may be run elsewhere)."""
+    return str(Path(path).resolve())
 
 
 def _package_test(nodeid: str) -> str:

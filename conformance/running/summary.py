@@ -148,13 +148,13 @@ def worst_failures(records: Iterable[Record], limit: int = WORST_SHOWN) -> list[
         return []
     shown = rows[:limit]
     lines = (
-        [f"worst failures ({len(shown)} of {len(rows)}; every one in report.html#failures)"] if rows else []
+        [f"worst failures ({len(shown)} of {len(rows)}; every one in the report's #failures)"] if rows else []
     )
     if shown:
         lines += _aligned(["backend", "case", "check", "output", "worst_ratio", "index"], shown)
     without = len({r.key for r in failed} - seen)
     if without:
-        lines.append(f"{without} failed or errored check(s) without figures (see report.html#failures)")
+        lines.append(f"{without} failed or errored check(s) without figures (see the report's #failures)")
     return lines
 
 
@@ -165,7 +165,7 @@ def fingerprint_differences(records: Iterable[Record]) -> list[str]:
         return []
     rows = ([r.backend, r.question, r.answer, r.reference] for r in differing)
     return [
-        f"conventions that differ from the reference ({len(differing)}; report.html#conventions)",
+        f"conventions that differ from the reference ({len(differing)}; the report's #conventions)",
         *_aligned(["backend", "question", "answer", "reference"], rows),
     ]
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -252,3 +253,22 @@ def test_replay_prints_the_figures_for_people(tmp_path):
     assert done.returncode == 1
     assert "FAIL y: worst_ratio" in done.stdout and "tolerances.toml rule[" in done.stdout
     assert (path / "README.md").read_text().startswith("# fake-bias-ignored forward failed")
+
+
+def test_normconf_replay_imports_a_plugin_module_from_the_current_folder(tmp_path):
+    """As normconf run does (python -m pytest), normconf replay -p finds a module in the user's folder,
+    though the normconf script's own folder is first on its path."""
+    first, run = _first(_fake("fake-bias-ignored"), Case("layer_norm", (4, 8), "float32", 1e-5))
+    path = failures.save(
+        tmp_path / "b", "fake-bias-ignored", "forward", "failed", "", first, run, grad=False, tolerances=TABLE
+    )
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_adapters.py").write_text("import fakes.core  # registers the fakes\n")
+    script = Path(sys.executable).parent / "normconf"
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    done = subprocess.run(
+        [str(script), "replay", str(path), "-p", "my_adapters"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and "FAIL y: worst_ratio" in done.stdout, done.stderr

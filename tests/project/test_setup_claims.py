@@ -3,6 +3,7 @@ wheel index, and `make conformance` installing only what it runs."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -18,9 +19,11 @@ def _dry_run(target: str, tmp_path) -> list[str]:
     """The commands ``make TARGET`` would run in a fresh checkout (a venv that does not exist yet)."""
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
+    # Not as a sub-make of a surrounding make (make test in CI): no "Entering directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     done = subprocess.run(
-        ["make", "-n", f"VENV={tmp_path / 'venv'}", target],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        ["make", "--no-print-directory", "-n", f"VENV={tmp_path / 'venv'}", target],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return done.stdout.splitlines()
 

@@ -10,7 +10,7 @@ import pytest
 from conformance.results import runs
 from reports import sections, tables
 
-from support.reports import EVIL, case, result, standard_records, write
+from support.reports import EVIL, case, property_record, result, standard_records, write
 
 
 @pytest.fixture
@@ -120,6 +120,29 @@ def test_deviations_come_from_the_ledger_entries_the_run_recorded(tmp_path):
     assert ("backend", "beta") in row.match and row.xfailed == 1 and row.measured == "2 .. 2"
     assert row.explains == "band 4 (no model yet)" and row.explains_note == "the order of its sums is unknown"
     assert row.link == ""  # only http(s) links are made clickable
+
+
+def test_entries_cited_by_a_failure_or_a_property_are_listed_not_counted_as_others(tmp_path):
+    """An entry that applied to a failed result (but did not explain it) or that a property's
+    examples met is part of this run: it gets its row (the failure card links to it)."""
+    entries = [
+        {"index": i, "match": {"backend": ["beta"]}, "band": [1.0, 4.0], "reason": f"entry {i}", "link": ""}
+        for i in range(4)
+    ]
+    ledger = {"path": "/nowhere/ledger.toml", "sha256": "1" * 64, "entries": entries}
+    cited = result("beta", case(eps=1e-6), "forward", "failed", ratios=(9.0,), ledger=1)
+    prop = {**property_record("beta", "scale_invariance", "xfailed"), "extra": {"ledger": [2]}}
+    records = [*standard_records(), cited, prop]
+    d = sections.deviations(runs.read_runs([write(tmp_path / "r.jsonl", records, ledger=ledger)]))
+    assert [row.index for row in d.rows] == [0, 1, 2] and d.others == 1
+    assert dict((row.index, row.bo) for row in d.rows)[1] == "c2/failed"
+
+
+def test_a_cell_whose_every_check_is_a_known_deviation_does_not_read_as_conforming(tmp_path):
+    known = [result("beta", case(), check, "xfailed", (2.0,), ledger=0) for check in ("forward", "backward")]
+    (row,) = tables.matrix(runs.read_runs([write(tmp_path / "r.jsonl", known)])).rows
+    (cell,) = row.cells.values()
+    assert cell.outcome == "xfailed" and cell.conforming_ratio is None and cell.conforming_text == "2 known"
 
 
 def test_a_deviation_shows_the_info_its_entry_requires(tmp_path):

@@ -43,10 +43,12 @@ def test_what_normconf_run_forwards_arrives_unchanged():
     assert received.ledger == ["a.toml", "b"] and received.call_timeout == 12.5
 
 
-def test_normconf_runs_defaults_forward_as_nothing():
-    """One default for both ways of running: normconf run passes nothing the user did not give."""
+def test_normconf_runs_defaults_forward_as_pytest_defaults():
+    """One default for both ways of running, passed on explicitly so that no PYTEST_ADDOPTS or ini
+    addopts can replace what normconf run announced."""
     args = _normconf_run()
-    assert flags.forward(args, flags.RUN) == []
+    forwarded = flags.forward(args, flags.RUN)
+    assert forwarded[forwarded.index("--profile") + 1] == "smoke"
     received = _plugin_parser().parse_args(flags.forward(args, flags.RUN))
     assert {f.dest: getattr(received, f.dest) for f in flags.RUN} == {
         f.dest: getattr(args, f.dest) for f in flags.RUN

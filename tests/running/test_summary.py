@@ -23,7 +23,7 @@ def _failures(n: int):
 
 def test_the_worst_failures_come_first_with_ratio_and_index():
     lines = summary.worst_failures(_failures(7))
-    assert lines[0] == "worst failures (5 of 7; every one in report.html#failures)"
+    assert lines[0] == "worst failures (5 of 7; every one in the report's #failures)"
     head, *rows = lines[1:]
     assert head.split() == ["backend", "case", "check", "output", "worst_ratio", "index"]
     assert [row.split()[4] for row in rows] == ["7.5", "6.5", "5.5", "4.5", "3.5"]

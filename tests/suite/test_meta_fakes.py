@@ -51,17 +51,18 @@ def test_broken_fake_is_caught(suite, fake):
     reason = caught[0]["reason"]
     assert f"output '{output}' out of tolerance" in reason
     assert "tolerances.toml rule[" in reason and "why:" in reason
-    assert (
-        f"reproduce: python -m pytest --pyargs conformance.suite.test_{check}::test_{check}[{fake}:"
-        in reason.replace("'", "")
+    assert f"-m pytest --pyargs conformance.suite.test_{check}::test_{check}[{fake}:" in reason.replace(
+        "'", ""
     )
 
 
 def test_reproduce_command_reruns_exactly_that_case(suite, tmp_path):
-    run = suite("--backend", "fake-bias-ignored", "--profile", "smoke")
+    run = suite("--backend", "fake-bias-ignored", "--profile", "smoke", "--call-timeout", "77")
     failed = next(r for r in run.records if r["outcome"] == "failed")
     command = shlex.split(failed["reproduce"])
-    assert command[:4] == ["python", "-m", "pytest", "--pyargs"]
+    assert command[:4] == [sys.executable, "-m", "pytest", "--pyargs"]
+    # The run's own settings travel with it: here its call timeout.
+    assert command[command.index("--call-timeout") + 1] == "77"
     # From another folder: the test by its package path, its result into the scratch file there.
     rerun = subprocess.run(
         [sys.executable, *command[1:], "-p", "no:cacheprovider"],

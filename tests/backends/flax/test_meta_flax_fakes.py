@@ -56,7 +56,7 @@ def test_momentum_passed_straight_through_is_caught(suite):
         assert "tolerances.toml rule[" in reason and "why:" in reason
         # The reproduce command quotes the node id.
         test = f"conformance.suite.test_training::test_training[{MOMENTUM}:"
-        reproduce = f"reproduce: python -m pytest --pyargs {test}"
+        reproduce = f"-m pytest --pyargs {test}"
         assert reproduce in reason.replace("'", "")
     # Only the running statistics are wrong: y of the same training cases still passes.
     forward = _checked(run, "forward", MOMENTUM, training=True)

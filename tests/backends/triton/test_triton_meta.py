@@ -59,7 +59,7 @@ def test_masked_lanes_in_the_variance_are_caught(run):
     reason = failed[0]["reason"]
     assert "output 'y' out of tolerance" in reason
     assert "tolerances.toml rule[" in reason and "why:" in reason
-    assert f"reproduce: python -m pytest --pyargs conformance.suite.test_forward::test_forward[{BROKEN}:" in (
+    assert f"-m pytest --pyargs conformance.suite.test_forward::test_forward[{BROKEN}:" in (
         reason.replace("'", "")
     )
 
