@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ from conformance.adapter import registry
 from conformance.cli import launch, options
 from conformance.model import sweep
 from conformance.results import benchjson
+from conformance.running import summary
 
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -163,16 +163,10 @@ def table(f: benchjson.BenchFile) -> list[str]:
         ]
         for b in sorted(f.benchmarks, key=lambda b: (b.backend, b.case_id, b.check))
     ]
-    lines = _aligned(head, rows)
+    lines = summary.aligned(head, rows)
     lines += [f"copy: {a.name} {_seconds(a.median_s)}, {a.gbps:.3g} GB/s" for a in f.auxiliary if a.gbps]
     return lines
 
 
 def _seconds(value: float) -> str:
     return f"{value * 1e6:.3g} us" if value < 1e-3 else f"{value * 1e3:.3g} ms"
-
-
-def _aligned(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    table = [list(head), *map(list, rows)]
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]

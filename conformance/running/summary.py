@@ -64,7 +64,8 @@ def idle_lines(records: Iterable[Record]) -> list[str]:
     ]
 
 
-def _aligned(head: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
+def aligned(head: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
+    """Rows under a head, each column padded to its widest cell (the terminal's tables)."""
     rows = [list(head), *map(list, body)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -73,9 +74,7 @@ def _aligned(head: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
 def table(records: Iterable[Record]) -> list[str]:
     rows = counts(records)
     head = ["backend", "op", *OUTCOMES]
-    return _aligned(
-        head, ([backend, op, *(str(c[o]) for o in OUTCOMES)] for (backend, op), c in rows.items())
-    )
+    return aligned(head, ([backend, op, *(str(c[o]) for o in OUTCOMES)] for (backend, op), c in rows.items()))
 
 
 def fingerprints(records: Iterable[Record]) -> list[str]:
@@ -88,7 +87,7 @@ def fingerprints(records: Iterable[Record]) -> list[str]:
     cells = {(r.question, r.backend): r.cell for r in found}
     body = ([q, *(cells.get((q, b), "") for b in backends)] for q in questions)
     legend = "fingerprint (* differs from normconf's reference, ? no hypothesis matched, - not asked)"
-    return [legend, *_aligned(["question", *backends], body)]
+    return [legend, *aligned(["question", *backends], body)]
 
 
 def properties(records: Iterable[Record]) -> list[str]:
@@ -100,7 +99,7 @@ def properties(records: Iterable[Record]) -> list[str]:
     names = list(dict.fromkeys(r.property for r in found))
     cells = {(r.property, r.backend): r.cell for r in found}
     body = ([p, *(cells.get((p, b), "") for b in backends)] for p in names)
-    lines = ["properties", *_aligned(["property", *backends], body)]
+    lines = ["properties", *aligned(["property", *backends], body)]
     invariant = batch_invariant(found)
     if invariant is not None:
         examples = {r.backend: r.examples for r in found if r.property == "row_independence"}
@@ -151,7 +150,7 @@ def worst_failures(records: Iterable[Record], limit: int = WORST_SHOWN) -> list[
         [f"worst failures ({len(shown)} of {len(rows)}; every one in the report's #failures)"] if rows else []
     )
     if shown:
-        lines += _aligned(["backend", "case", "check", "output", "worst_ratio", "index"], shown)
+        lines += aligned(["backend", "case", "check", "output", "worst_ratio", "index"], shown)
     without = len({r.key for r in failed} - seen)
     if without:
         lines.append(f"{without} failed or errored check(s) without figures (see the report's #failures)")
@@ -166,7 +165,7 @@ def fingerprint_differences(records: Iterable[Record]) -> list[str]:
     rows = ([r.backend, r.question, r.answer, r.reference] for r in differing)
     return [
         f"conventions that differ from the reference ({len(differing)}; the report's #conventions)",
-        *_aligned(["backend", "question", "answer", "reference"], rows),
+        *aligned(["backend", "question", "answer", "reference"], rows),
     ]
 
 
