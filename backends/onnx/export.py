@@ -15,9 +15,12 @@ dynamic and the module's parameters and buffers are lifted to graph inputs. See 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,7 @@ from backends.common import ort_support as _ort
 from backends.common import torch_support as common
 from backends.common.translate import offset_scale
 from backends.torch.modules import MODULES
+from conformance.adapter import cache
 from conformance.adapter.backend import (
     FEATURES,
     BackendUnavailable,
@@ -152,6 +156,9 @@ class Exported:
 
 # Exports done in this process and the seconds each took (the closing note's count and time).
 EXPORT_SECONDS: list[float] = []
+# The cache subfolder of exports, and the version of its entries' layout (bumped when it changes).
+EXPORT_CACHE = "onnx-export"
+EXPORT_CACHE_FORMAT = 1
 
 
 def _module(case: Case, dtype: torch.dtype) -> nn.Module:
@@ -211,6 +218,45 @@ class Functional(nn.Module):
         return result
 
 
+# torch.onnx.export(dynamo=True) builds its registry of torchlib functions on every call, reading the
+# source of ~500 onnxscript functions: 60 % of an export of one norm module (0.55 of 0.9 s here). The
+# registry depends on the opset and the library versions only, and an export without a
+# custom_translation_table does not change it, so normconf's exports share one per opset; the
+# models are byte for byte the ones a fresh registry gives (tests/backends/onnx/test_onnx_export.py).
+# Where torch's internals differ (another torch), exports build their own as before.
+@functools.cache
+def _torchlib_registry(build: Callable[..., object], cls: type, *opset: int) -> object:
+    return build(cls, *opset)
+
+
+@contextmanager
+def shared_registry() -> Iterator[None]:
+    """While normconf exports, ``ONNXRegistry.from_torchlib`` returns one registry per opset."""
+    try:
+        from torch.onnx._internal.exporter import _registration
+    except ImportError:
+        yield
+        return
+    registry: Any = getattr(_registration, "ONNXRegistry", None)
+    original = vars(registry).get("from_torchlib") if isinstance(registry, type) else None
+    if not isinstance(original, classmethod):
+        yield
+        return
+    build = original.__func__
+
+    def shared(cls: type, *args: Any, **kwargs: Any) -> object:
+        opset = (*args, *kwargs.values())
+        if cls is not registry or len(opset) > 1 or set(kwargs) - {"opset_version"}:
+            return build(cls, *args, **kwargs)
+        return _torchlib_registry(build, cls, *opset)
+
+    registry.from_torchlib = classmethod(shared)
+    try:
+        yield
+    finally:
+        registry.from_torchlib = original
+
+
 def _export(
     case: Case,
     dtype: torch.dtype,
@@ -226,7 +272,7 @@ def _export(
     inputs = ["x", "residual"][: len(activations)] + list(names)
     start = time.perf_counter()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), shared_registry():
             # torch's exporter warns about its own internals (FutureWarnings of torch.utils._pytree)
             # and about exporting a module in training mode, which is the case's mode on purpose:
             # neither says anything about the case, which is judged from the graph produced.
@@ -269,6 +315,21 @@ def _summary(error: BaseException) -> str:
     cause = _innermost(error)
     lines = str(cause).strip().splitlines()
     return f"{type(cause).__name__}: {lines[0] if lines else ''}"
+
+
+def _export_key(case: Case, dtype: torch.dtype, target: int) -> tuple[object, ...]:
+    """What an export depends on besides the graph's rank: leading dimensions and parameter values
+    are run-time inputs."""
+    key: tuple[object, ...] = (case.op, case.dtype, str(dtype), case.param_shape)
+    key += (case.norm_ndim, case.weight, case.bias, case.eps, case.training, case.momentum, target)
+    return (*key, case.num_groups, case.track_running_stats, case.residual_dtype, case.norm_input)
+
+
+def _checked(case: Case, model: onnx.ModelProto) -> onnx.ModelProto:
+    """The export, or Unsupported where it cannot show the case's results or ONNX's checker rejects it."""
+    _check_outputs(case, model)
+    _check_valid(model)
+    return model
 
 
 def _check_outputs(case: Case, model: onnx.ModelProto) -> tuple[str, ...]:
@@ -369,10 +430,7 @@ class OnnxExport:
             name: value.astype(numpy_dtype(str(dtype).removeprefix("torch.")))
             for name, value in values.items()
         }
-        # What the export depends on; leading dimensions and parameter values are run-time inputs.
-        key: tuple[object, ...] = (case.op, case.dtype, str(dtype), len(case.shape), case.param_shape)
-        key += (case.norm_ndim, case.weight, case.bias, case.eps, case.training, case.momentum, target)
-        key += (case.num_groups, case.track_running_stats, case.residual_dtype, case.norm_input)
+        key = (*_export_key(case, dtype, target), len(case.shape))
         exported, hit = self._cache.get(key, lambda: self._build(case, dtype, values, target))
         assert isinstance(exported, Exported), "the cache holds Exported entries"
         shape = self.graph_shape(case)
@@ -390,20 +448,55 @@ class OnnxExport:
             )
             for name, graph in zip(names, exported.outputs, strict=False)
         )
-        return _ort.OrtPrepared(exported.session, feeds, bound, {**exported.info, "cached": hit})
+        # compile_s: what this prepare() spent exporting and building the session, 0 when cached.
+        info = {**exported.info, "cached": hit, **({"compile_s": 0.0} if hit else {})}
+        return _ort.OrtPrepared(exported.session, feeds, bound, info)
 
     def _build(self, case: Case, dtype: torch.dtype, values: dict[str, np.ndarray], target: int) -> Exported:
-        model = _export(case, dtype, values, target, self.graph_shape(case))
-        export_s = EXPORT_SECONDS[-1]
+        start = time.perf_counter()
+        model, source = self._exported(case, dtype, values, target)
+        export_s = EXPORT_SECONDS[-1] if source == "exported" else 0.0
         outputs = _check_outputs(case, model)
-        _check_valid(model)
         ops = node_list(model)
         model, steps = self.transform(case, model)
         what = f"the {self.graph_kind} graph ({node_list(model)}, opset {target}) with x {case.dtype}"
         sess = _ort.session(model, what)
         info = {**_ort.session_info(sess), "opset": target, "graph": ops, "export_s": round(export_s, 3)}
         info |= {"torch": str(torch.__version__), "onnxscript": str(onnxscript.__version__), **steps}
+        info |= {"export": source, "compile_s": round(time.perf_counter() - start, 4)}
         return Exported(sess, outputs, info)
+
+    def _exported(
+        self, case: Case, dtype: torch.dtype, values: dict[str, np.ndarray], target: int
+    ) -> tuple[onnx.ModelProto, str]:
+        """The case's export, checked, and where it came from: "exported" in this process, or
+        "disk cache" where an earlier run or another worker exported the same graph (conformance's
+        cache folder, keyed by what the export depends on and the library versions). Every export
+        backend with the same key (onnx-export, onnx-export-optimized at one rank) shares the entry:
+        the graph is the exporter's, whichever backend asked for it."""
+        shape = self.graph_shape(case)
+        where = cache.folder(EXPORT_CACHE)
+        if where is None:
+            return _checked(case, _export(case, dtype, values, target, shape)), "exported"
+        versions = (torch.__version__, onnxscript.__version__, onnx.__version__)
+        name = cache.digest(EXPORT_CACHE_FORMAT, versions, _export_key(case, dtype, target), len(shape))
+        model_file, refused_file = where / f"{name}.onnx", where / f"{name}.unsupported"
+        refused = cache.load(refused_file)
+        if refused is not None:
+            raise Unsupported(refused.decode())
+        data = cache.load(model_file)
+        if data is not None:
+            try:
+                return onnx.load_model_from_string(data), "disk cache"
+            except Exception:  # a damaged entry (protobuf's DecodeError, ...): export it again
+                pass
+        try:
+            model = _checked(case, _export(case, dtype, values, target, shape))
+        except Unsupported as exc:
+            cache.store(refused_file, str(exc).encode())
+            raise
+        cache.store(model_file, model.SerializeToString())
+        return model, "exported"
 
 
 def _values(case: Case, inputs: Inputs) -> dict[str, np.ndarray]:

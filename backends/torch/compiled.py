@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from backends.common import torch_support as common
 from backends.common.translate import offset_scale
+from conformance.adapter import cache
 from conformance.adapter.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Outputs, Prepared
 from conformance.model.case import (
     ADD_LAYER_NORM,
@@ -207,12 +208,15 @@ def _canonical_groups(case: Case) -> Case:
 
 
 def _cache_dir() -> str:
-    """Point inductor's caches at a subdirectory of its usual one (``TORCHINDUCTOR_CACHE_DIR`` or
-    inductor's default), which only canonical compiles write: kernels compiled elsewhere under other
-    size hints would otherwise be served for the same graph."""
+    """Point inductor's caches (its FX graph, AOTAutograd and kernel caches) at a folder only canonical
+    compiles write: kernels compiled elsewhere under other size hints would otherwise be served for the
+    same graph. That folder is in normconf's graph cache (``--graph-cache``, conformance.adapter.cache)
+    under the torch version, so a second run loads what the first compiled; with the graph cache off,
+    a subfolder of inductor's usual one (``TORCHINDUCTOR_CACHE_DIR`` or inductor's default)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    base = os.environ.get(CACHE_VARIABLE) or default_cache_dir()
+    own = cache.folder(f"torch-compile/torch-{torch.__version__}")
+    base = str(own) if own is not None else os.environ.get(CACHE_VARIABLE) or default_cache_dir()
     if os.path.basename(os.path.normpath(base)) != CACHE_SUBDIR:
         os.environ[CACHE_VARIABLE] = os.path.join(base, CACHE_SUBDIR)
     return os.environ[CACHE_VARIABLE]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,10 @@ class Execution:
     warnings: tuple[str, ...] = ()
     info: Mapping[str, object] = field(default_factory=dict)
     watch: memory.Watch | None = None  # where the first call's inputs and outputs lived (``watch=True``)
+    # Seconds in prepare() and in the calls (call, synchronize, outputs and their host copies): the
+    # profile's figures (normconf profile). A timed-out run has none.
+    prepare_s: float = 0.0
+    call_s: float = 0.0
 
 
 def with_deadline(work: Callable[[], T], timeout: float, what: str) -> T:
@@ -80,16 +85,22 @@ def run_backend(
     names = tuple(expected_shapes)
     watched: list[memory.Watch] = []
 
+    seconds = {"prepare": 0.0, "call": 0.0}
+
     def work() -> tuple[tuple[dict[str, np.ndarray], ...], dict[str, object]]:
+        start = time.perf_counter()
         prepared = _stage("prepare", lambda: backend.prepare(case, given, grad=grad), passthrough=True)
+        seconds["prepare"] = time.perf_counter() - start
         if watch:
             watched.append(_stage("buffers", lambda: memory.Watch.start(prepared, given, names)))
         results: list[dict[str, np.ndarray]] = []
         for _ in range(calls):
+            start = time.perf_counter()
             _stage("__call__", prepared)
             _stage("synchronize", prepared.synchronize)
             outputs = _stage("outputs", prepared.outputs)
             checked = _validated(outputs, expected_shapes)
+            seconds["call"] += time.perf_counter() - start
             if watched and not results:
                 _stage("buffers", functools.partial(watched[0].finish, prepared, outputs, names))
             results.append(checked)
@@ -100,7 +111,8 @@ def run_backend(
         warnings.simplefilter("always")
         outputs, info = with_deadline(work, timeout, f"{backend.name} {case.id}")
     seen = dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught)
-    return Execution(outputs, given, tuple(seen), info, watched[0] if watched else None)
+    found = watched[0] if watched else None
+    return Execution(outputs, given, tuple(seen), info, found, seconds["prepare"], seconds["call"])
 
 
 def _info(prepared: object) -> dict[str, object]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.adapter import listing
 from conformance.cli import bench as benchmarks
-from conformance.cli import judge, launch, options
+from conformance.cli import judge, launch, options, upkeep
 from conformance.failures import replay
 from conformance.results import diff, render
 from conformance.results.records import Record
@@ -365,4 +365,6 @@ COMMANDS: dict[str, tuple[Builder, Callable[[argparse.Namespace], int]]] = {
     "bench": (benchmarks.build_bench, benchmarks.bench),
     "backends": (build_backends, backends),
     "cases": (build_cases, cases),
+    "profile": (upkeep.build_profile, upkeep.profile),
+    "cache": (upkeep.build_cache, upkeep.cache),
 }

@@ -64,12 +64,22 @@ class ResultsFile:
 
 def write_atomic(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
     """Write JSON Lines so that ``path`` holds either the old file or the whole new one."""
+    write_lines_atomic(path, map(line, records))
+
+
+def line(record: Mapping[str, Any]) -> str:
+    """One record as its JSON Lines line (strict JSON: no NaN or infinity)."""
+    return json.dumps(record, allow_nan=False) + "\n"
+
+
+def write_lines_atomic(path: Path, lines: Iterable[str]) -> None:
+    """Write lines made by ``line`` so that ``path`` holds either the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as out:
-            for record in records:
-                out.write(json.dumps(record, allow_nan=False) + "\n")
+            for text in lines:
+                out.write(text)
             out.flush()
             os.fsync(out.fileno())
         # mkstemp creates 0600; a results file is as readable as any file the user writes.

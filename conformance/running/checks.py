@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,37 @@ from conformance.results import stored
 from conformance.results.result import Result
 
 
+@dataclass
+class Phases:
+    """Seconds one check spent per phase, added up as it runs: the figures ``normconf profile`` sums.
+
+    ``compile_s`` is the part of ``prepare_s`` the adapter reports as compiling or exporting (its
+    info's ``compile_s``: 0 when its graph came from a cache); judging is what the check's duration
+    leaves after the others (comparison, ledger, messages, the results record).
+    """
+
+    prepare_s: float = 0.0
+    compile_s: float = 0.0
+    call_s: float = 0.0
+    oracle_s: float = 0.0
+
+    def ran(self, execution: Execution) -> None:
+        self.prepare_s += execution.prepare_s
+        self.call_s += execution.call_s
+        compiled = execution.info.get("compile_s", 0.0)
+        self.compile_s += float(compiled) if isinstance(compiled, int | float) else 0.0
+
+    def to_dict(self, duration_s: float) -> dict[str, float]:
+        spent = (self.prepare_s, self.call_s, self.oracle_s)
+        return {
+            "prepare_s": round(self.prepare_s - min(self.compile_s, self.prepare_s), 6),
+            "compile_s": round(min(self.compile_s, self.prepare_s), 6),
+            "call_s": round(self.call_s, 6),
+            "oracle_s": round(self.oracle_s, 6),
+            "judge_s": round(max(duration_s - sum(spent), 0.0), 6),
+        }
+
+
 @dataclass(frozen=True)
 class CheckContext:
     """What a check needs besides the backend and the case."""
@@ -43,6 +74,7 @@ class CheckContext:
     timeout: float
     reproduce: str = ""
     save_failures: Path | None = None  # --save-failures: write a replayable bundle per failure
+    phases: Phases = field(default_factory=Phases)  # filled in by the check that runs
 
 
 @functools.lru_cache(maxsize=4)
@@ -52,15 +84,25 @@ def materials(case: Case) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
     return inputs, oracle.evaluate(case, inputs, grad=True)
 
 
+def _materials(case: Case, ctx: CheckContext) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """materials(case), its time counted as the oracle's (the first check of a case pays for it)."""
+    start = time.perf_counter()
+    found = materials(case)
+    ctx.phases.oracle_s += time.perf_counter() - start
+    return found
+
+
 def _execute(
     backend: Backend, case: Case, ctx: CheckContext, grad: bool, calls: int = 1, watch: bool = False
 ) -> Execution:
-    inputs, _ = materials(case)
+    inputs, _ = _materials(case, ctx)
     given = for_call(inputs, grad=grad)
     shapes = {name: output_shape(case, name) for name in produced(case, grad)}
-    return run_backend(
+    execution = run_backend(
         backend, case, given, grad=grad, calls=calls, expected_shapes=shapes, timeout=ctx.timeout, watch=watch
     )
+    ctx.phases.ran(execution)
+    return execution
 
 
 def _compared(
@@ -68,7 +110,7 @@ def _compared(
 ) -> Verdict:
     """Compare the spec's outputs with the oracle's, then apply the ledger."""
     execution = _execute(backend, case, ctx, spec.grad)
-    inputs, expected = materials(case)
+    inputs, expected = _materials(case, ctx)
     actual = execution.outputs[0]
     comparisons = compare_outputs(case, inputs, expected, actual, spec.outputs(case), ctx.tolerances)
     evidence = Evidence(inputs, expected, actual, ctx.tolerances)
@@ -94,7 +136,7 @@ def _saved(
 ) -> Verdict:
     """Shrink the failure, write its bundle, and say where it is and how to replay it."""
     assert ctx.save_failures is not None
-    inputs, expected = materials(case)
+    inputs, expected = _materials(case, ctx)
     given = for_call(inputs, grad=grad)
     first = shrink.Attempt(case, dict(given), actual, expected, verdict.comparisons)
     names = tuple(c.output for c in verdict.comparisons)
@@ -121,7 +163,7 @@ def _bitwise(spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, 
     """Compare bits: the inputs before and after one call, or the outputs of ``spec.calls`` (two) calls."""
     execution = _execute(backend, case, ctx, "backward" in caps.features, calls=spec.calls)
     if spec.calls == 1:
-        pristine, _ = materials(case)
+        pristine, _ = _materials(case, ctx)
         # An input an output declares as its buffer is written by design; the aliasing check judges it.
         written = set(caps.aliases.values())
         pairs = [
@@ -210,7 +252,12 @@ def run_check(check: str, backend: Backend, caps: Capabilities, case: Case, ctx:
     start = time.perf_counter()
     spec = CHECKS[check]
     why = caps.why_not(case, grad=spec.grad)
+    ctx = dataclasses.replace(ctx, phases=Phases())
     verdict = Verdict("unsupported", why) if why is not None else _guarded(spec, backend, case, caps, ctx)
+    duration = time.perf_counter() - start
+    extra = _extra(verdict)
+    if why is None:
+        extra["phases"] = ctx.phases.to_dict(duration)
     return Result(
         backend=backend.name,
         case=case.to_dict(),
@@ -220,9 +267,9 @@ def run_check(check: str, backend: Backend, caps: Capabilities, case: Case, ctx:
         comparisons=tuple(
             dataclasses.replace(c, ledger=verdict.ledger.get(c.output)) for c in verdict.comparisons
         ),
-        duration_s=time.perf_counter() - start,
+        duration_s=duration,
         reproduce=ctx.reproduce,
-        extra=_extra(verdict),
+        extra=extra,
     )
 
 

@@ -108,11 +108,26 @@ SAVE_FAILURES = Flag(
     "write a shrunk, replayable bundle for every failed or xfailed comparison check under DIR",
     metavar="DIR",
 )
+GRAPH_CACHE = Flag(
+    "--graph-cache",
+    "folder where backends keep compiled graphs and exports between runs (default .normconf/cache"
+    " under the rootdir, or $NORMCONF_CACHE_DIR; 'none': keep none); normconf cache --clear empties it",
+    metavar="DIR",
+)
 
 SELECTION = (OP, DTYPE, PROFILE, CASES, SHARD)
 LEDGER_FLAGS = (LEDGER, NO_BUILTIN_LEDGER, STRICT_LEDGER)
 # What a run of the suite takes, in the order --help lists them; normconf run forwards each to pytest.
-RUN = (BACKEND, *SELECTION, CALL_TIMEOUT, MAX_TIMEOUTS_FLAG, TOLERANCES, *LEDGER_FLAGS, SAVE_FAILURES)
+RUN = (
+    BACKEND,
+    *SELECTION,
+    CALL_TIMEOUT,
+    MAX_TIMEOUTS_FLAG,
+    TOLERANCES,
+    *LEDGER_FLAGS,
+    SAVE_FAILURES,
+    GRAPH_CACHE,
+)
 
 
 def add(adder: _AddsOptions, flags: Iterable[Flag], defaults: Mapping[str, object] | None = None) -> None:

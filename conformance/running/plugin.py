@@ -6,24 +6,27 @@ process that writes (the xdist controller, or the single process) collects them 
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conformance.adapter import listing, registry
+from conformance.adapter import cache, listing, registry
 from conformance.adapter.backend import Capabilities
 from conformance.adapter.opening import Absent, Opened, open_backend
 from conformance.model.case import Case
 from conformance.results.fingerprints import FingerprintRecord
 from conformance.results.header import header_record
 from conformance.results.properties import PropertyRecord
-from conformance.results.records import Record, from_dict, write_atomic
+from conformance.results.records import Record, from_dict, write_lines_atomic
+from conformance.results.records import line as json_line
 from conformance.results.result import Result
-from conformance.running import checks, flags, observed, outcomes, shard, summary
+from conformance.running import checks, durations, flags, observed, outcomes, shard, summary
 from conformance.running.nodeid import NODE_ID
 from conformance.running.settings import MAX_TIMEOUTS, Settings, SettingsError, selection_line
 
@@ -75,6 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from exc
     config.stash[SETTINGS] = settings
     config.stash[SHARD] = part
+    _set_graph_cache(config)
     state = RunState(settings, config)
     config.stash[STATE] = state
     config.pluginmanager.register(state, "normconf-run-state")
@@ -82,6 +86,17 @@ def pytest_configure(config: pytest.Config) -> None:
         # A backend asked for by name must load; under 'all' a failure is a per-case skip instead.
         for name in settings.backends:
             state.load_strict(name)
+
+
+def _set_graph_cache(config: pytest.Config) -> None:
+    """Point the backends' persistent caches (conformance.adapter.cache) at --graph-cache, else at
+    $NORMCONF_CACHE_DIR as set (an xdist worker inherits its controller's), else at .normconf/cache
+    under the rootdir; before any backend loads, so every process of the run shares one folder."""
+    value = config.getoption(flags.GRAPH_CACHE.dest)
+    if value is None and os.environ.get(cache.VARIABLE):
+        return
+    value = value or str(config.rootpath / cache.DEFAULT)
+    os.environ[cache.VARIABLE] = value if value == cache.OFF else str(Path(value).resolve())
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -93,7 +108,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
         return None
     from conformance.running import scheduling  # needs xdist, present whenever this hook is called
 
-    return scheduling.SignatureScheduling(config, log, scheduling.scopes(config.stash[SETTINGS].cases))
+    settings = config.stash[SETTINGS]
+    groups = durations.scopes(settings.cases)
+    # Earlier runs' durations order the work slowest first; only a suite run has them.
+    seconds = durations.read() if _suite_requested(config) else {}
+    return scheduling.SignatureScheduling(config, log, groups, seconds)
 
 
 def _dist_given(args: tuple[str, ...]) -> bool:
@@ -135,6 +154,9 @@ class RunState:
         self.writer = not hasattr(config, "workerinput")
         self.observation: observed.Observation | None = None
         self.typed: list[Record] = []  # the records as typed records, read once at session finish
+        # Where the writing process's time went, for the header (normconf profile reads it).
+        self.started = time.perf_counter()
+        self.timing: dict[str, float] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not self.writer:
@@ -150,6 +172,7 @@ class RunState:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if not self.writer or not self.records:
             return
+        finish = time.perf_counter()
         records = sorted(self.records, key=_order)
         self.typed = [r for r in map(from_dict, records) if r is not None]
         self.observation = self._observe()
@@ -159,7 +182,13 @@ class RunState:
         # union of the shards can say so.
         if exitstatus == 0 and self.config.stash[SHARD] is None and summary.idle(self.typed):
             exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        write_atomic(self.settings.results, [self._header(int(exitstatus)), *records])
+        serialize = time.perf_counter()
+        lines = [json_line(record) for record in records]
+        self.timing["write_s"] = time.perf_counter() - serialize
+        self.timing["finish_s"] = serialize - finish
+        self.timing["wall_s"] = time.perf_counter() - self.started
+        write_lines_atomic(self.settings.results, [json_line(self._header(int(exitstatus))), *lines])
+        durations.update(durations.seconds(records, durations.scopes(self.settings.cases)))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.writer or not self.records:
@@ -200,8 +229,17 @@ class RunState:
             ledger=observed.header(s.ledger, self.observation),
             exitstatus=exitstatus,
             checks=list(checks.CHECK_NAMES),
+            timing=self._timing(),
             **_shard_field(self.config),
         )
+
+    def _timing(self) -> dict[str, Any]:
+        """The run's wall time from configure to writing, its worker count (0: one process), and the
+        writing process's own work at the end: sorting, typing and judging the ledger (finish_s),
+        serializing the records (write_s)."""
+        workers = getattr(self.config.option, "numprocesses", None)
+        figures = {name: round(value, 3) for name, value in self.timing.items()}
+        return {**figures, "workers": workers if isinstance(workers, int) else 0}
 
     def load_strict(self, name: str) -> None:
         """A backend named in --backend must run: unavailable or broken, it is a usage error."""
@@ -325,6 +363,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _case_major(config, items)
     part = config.stash.get(SHARD, None)
     if part is None:
         return
@@ -334,6 +373,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
     items[:] = kept
+
+
+def _case_major(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Backend x case checks in (case, backend, check) order, ahead of the other tests in theirs.
+
+    pytest collects check by check (every forward test, then every backward test, ...); run in that
+    order, a backend's next check of a case comes after every other case, so the case's inputs and
+    oracle (``checks.materials``, a small cache) are computed again for each check. Case-major, the
+    checks of one case follow each other on one worker (the scheduler keeps a backend's signature
+    together, conformance/running/scheduling.py). Outcomes do not depend on the order.
+    """
+    settings = config.stash.get(SETTINGS, None)
+    if settings is None:
+        return
+    cases = {case.id: i for i, case in enumerate(settings.cases)}
+    backends = {name: i for i, name in enumerate(settings.backends)}
+    order = {name: i for i, name in enumerate(checks.CHECK_NAMES)}
+
+    def key(item: pytest.Item) -> tuple[int, int, int] | None:
+        match = NODE_ID.search(item.nodeid)
+        if match is None or match["check"] not in order or _case_id(item) is None:
+            return None
+        return cases.get(match["case"], -1), backends.get(match["backend"], -1), order[match["check"]]
+
+    keyed = [(key(item), item) for item in items]
+    targets = sorted(((k, item) for k, item in keyed if k is not None), key=lambda pair: pair[0])
+    items[:] = [item for _, item in targets] + [item for k, item in keyed if k is None]
 
 
 def _case_id(item: pytest.Item) -> str | None:

@@ -7,49 +7,56 @@ once more. Grouping a backend's tests by signature (xdist's ``loadscope`` machin
 own scope) pays for each once per run, and keeps the ``load`` behaviour for everything else: a test
 that is not a backend x case test is its own scope.
 
+Scopes are dealt out slowest first, by the seconds their tests took in earlier runs (the durations
+file in the graph cache, conformance/running/durations.py) when there are any, so the run does not
+end on one worker finishing a long compile while the other waits; without them, xdist's order (most
+tests first). The signature itself is defined in durations.py, which the writing process also uses.
+
 Only imported when pytest-xdist is present (the plugin imports it from xdist's scheduler hook).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from xdist.scheduler import LoadScopeScheduling
 
-from conformance.model.case import Case
+from conformance.running.durations import test_key
 from conformance.running.nodeid import NODE_ID
 
 
-def signature(case: Case) -> str:
-    """What a backend's cached preparation can depend on: every field but the shape, dist and seed.
-
-    The shape stays out because the built-in caching backends key on a dynamic-shape signature
-    (torch-compile) or on the parameter shape (onnx-export, a finer key inside this group); eps stays
-    in because both specialize on it.
-    """
-    fields: tuple[object, ...] = (
-        case.op,
-        case.dtype,
-        case.weight_dtype,
-        case.norm_ndim,
-        case.weight,
-        case.bias,
-    )
-    fields += (case.weight_offset, case.training, case.momentum, case.eps)
-    return "|".join(map(str, fields))
-
-
-def scopes(cases: Iterable[Case]) -> dict[str, str]:
-    """Case id -> signature, for the scheduler's lookups by node id."""
-    return {case.id: signature(case) for case in cases}
-
-
 class SignatureScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no type stubs
-    """``loadscope`` with the scope (backend, case signature); other tests are scopes of their own."""
+    """``loadscope`` with the scope (backend, case signature); other tests are scopes of their own.
+    With ``seconds`` (durations.read() of earlier runs) the slowest scopes go out first."""
 
-    def __init__(self, config: object, log: object, groups: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        config: object,
+        log: object,
+        groups: Mapping[str, str],
+        seconds: Mapping[str, float] | None = None,
+    ) -> None:
         super().__init__(config, log)
         self._groups = groups
+        self._seconds = dict(seconds or {})
+        self._ordered = False
+
+    def _assign_work_unit(self, node: object) -> None:
+        """Order the queue slowest first once, before the first unit goes out."""
+        if not self._ordered:
+            self._ordered = True
+            if self._seconds:
+                ordered = sorted(self.workqueue.items(), key=lambda item: self._estimate(*item), reverse=True)
+                self.workqueue.clear()
+                self.workqueue.update(ordered)
+        super()._assign_work_unit(node)
+
+    def _estimate(self, scope: str, tests: Mapping[str, bool]) -> tuple[bool, float]:
+        """(new to this run, seconds last run): a scope without history goes first (its cost is
+        unknown; a new backend or signature may compile for minutes), most tests first among those."""
+        key = scope if NODE_ID.search(scope) is None else test_key(scope)
+        known = self._seconds.get(key)
+        return (True, float(len(tests))) if known is None else (False, known)
 
     def remove_node(self, node: object) -> str | None:
         """A worker went away: its unfinished tests go back to the queue, except the one it crashed in.

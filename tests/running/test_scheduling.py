@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -9,7 +10,8 @@ import pytest
 
 from conformance.model import profiles
 from conformance.model.case import Case
-from conformance.running.scheduling import SignatureScheduling, scopes, signature
+from conformance.running.durations import scopes, signature
+from conformance.running.scheduling import SignatureScheduling
 
 
 def _scheduler(cases: list[Case]) -> SignatureScheduling:
@@ -73,3 +75,50 @@ def test_xdist_prepares_each_signature_on_one_worker_unless_dist_is_given(suite,
     else:
         assert all(len(pids) == 1 for pids in by_signature.values()), by_signature
         assert len(workers) == 2  # both workers got work: grouping did not serialize the run
+
+
+def _light_signatures(cases: list[Case], count: int) -> list[str]:
+    """The ``count`` signatures with the fewest cases: last in xdist's own order (most tests first)."""
+    sizes: dict[str, int] = defaultdict(int)
+    for case in cases:
+        sizes[signature(case)] += 1
+    return sorted(sizes, key=lambda s: (sizes[s], s))[:count]
+
+
+def test_the_slowest_scopes_of_earlier_runs_go_out_first(suite, tmp_path):
+    cases = profiles.cases("smoke")
+    cache = tmp_path / "cache"
+    log = tmp_path / "prepares.log"
+    args = ("--backend", "fake-prepare-log", "-n", "2", "--graph-cache", str(cache))
+    first_run = suite(*args, env={"NORMCONF_FAKE_PREPARE_LOG": str(log)})
+    assert first_run.returncode == 0, first_run.output[-3000:]
+    # The run recorded every scope it ran: the backend's signatures, its fingerprint and property tests.
+    recorded = json.loads((cache / "durations.json").read_text())
+    assert {f"fake-prepare-log::{signature(c)}" for c in cases} <= set(recorded)
+    assert any(key.startswith("fingerprint[fake-prepare-log:") for key in recorded)
+    # Make the two signatures with the fewest cases (last in xdist's own order) the slowest.
+    slow = _light_signatures(cases, 2)
+    recorded |= {f"fake-prepare-log::{s}": 1000.0 - i for i, s in enumerate(slow)}
+    (cache / "durations.json").write_text(json.dumps(recorded))
+    log.unlink()
+    run = suite(*args, env={"NORMCONF_FAKE_PREPARE_LOG": str(log)})
+    assert run.returncode == 0, run.output[-3000:]
+    by_id = {case.id: case for case in cases}
+    first: dict[str, str] = {}
+    for line in log.read_text().splitlines():
+        pid, case_id = line.split()
+        first.setdefault(pid, signature(by_id[case_id]) if case_id in by_id else case_id)
+    # Each worker's first unit is one of the two scopes the earlier run found slowest.
+    assert sorted(first.values()) == sorted(slow), (first, slow)
+
+
+def test_a_scope_without_history_goes_before_the_known_ones():
+    sched = _scheduler([])
+    sched._seconds = {"torch-nn::a": 5.0, "torch-nn::b": 50.0}
+    new = sched._estimate("torch-nn::c", {"t1": False})
+    assert (
+        new > sched._estimate("torch-nn::b", {}) > sched._estimate("torch-nn::a", {"t1": False, "t2": False})
+    )
+    node = "conformance/suite/test_fingerprint.py::test_fingerprint[torch-nn:eps-convention]"
+    sched._seconds["fingerprint[torch-nn:eps-convention]"] = 7.0
+    assert sched._estimate(node, {node: False}) == (False, 7.0)

@@ -4,12 +4,14 @@ residual conventions."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
 import pytest
 
 from conformance import oracle
+from conformance.adapter import cache
 from conformance.adapter.backend import BackendUnavailable, Unsupported
 from conformance.model.case import Case
 from conformance.model.dtypes import unit_roundoff
@@ -62,6 +64,69 @@ def test_one_export_serves_every_case_of_a_signature(monkeypatch):
     assert [info["cached"] for info in infos] == [False, True]
     assert infos[0]["opset"] == 18 and infos[0]["graph"] == "LayerNormalization"
     assert infos[0]["export_s"] > 0 and infos[0]["execution_provider"]
+
+
+def _raw_export(case: Case, opset: int = 18) -> bytes:
+    import torch
+
+    values = export._values(case, make_inputs(case, grad=False))
+    return export._export(case, torch.float32, values, opset).SerializeToString()  # type: ignore[no-any-return]
+
+
+def test_exports_sharing_one_registry_are_byte_for_byte_the_fresh_ones(monkeypatch):
+    from torch.onnx._internal.exporter import _registration
+
+    original = vars(_registration.ONNXRegistry)["from_torchlib"]
+    cases = [
+        Case("add_rms_norm", (4, 32), "float32", 1e-5),
+        Case("group_norm", (2, 4, 3), "float32", 1e-5, num_groups=2),
+    ]
+    shared = [_raw_export(case, opset) for case in cases for opset in (18, 21)]
+    assert vars(_registration.ONNXRegistry)["from_torchlib"] is original  # restored after each export
+    assert export._torchlib_registry.cache_info().currsize >= 2  # one registry per opset was kept
+    monkeypatch.setattr(export, "shared_registry", contextlib.nullcontext)
+    fresh = [_raw_export(case, opset) for case in cases for opset in (18, 21)]
+    assert shared == fresh
+
+
+def test_a_second_run_loads_the_export_from_the_graph_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv(export.OPSET_VARIABLE, raising=False)
+    monkeypatch.setenv(cache.VARIABLE, str(tmp_path))
+    case = Case("rms_norm", (4, 32), "float32", 1e-5)
+    first = _prepare(export.OnnxExport(), case)
+    assert first.info()["export"] == "exported" and first.info()["compile_s"] > 0
+    before = len(export.EXPORT_SECONDS)
+    second = _prepare(export.OnnxExport(), case)  # a new process's backend: nothing in memory
+    assert second.info()["export"] == "disk cache" and len(export.EXPORT_SECONDS) == before
+    assert second.info()["graph"] == first.info()["graph"]
+    np.testing.assert_array_equal(second.outputs()["y"], first.outputs()["y"])
+    # onnx-export-optimized asks for a 3-D graph of the same rows: an export of its own, then shared.
+    optimized = pytest.importorskip("backends.onnx.optimized")
+    add = Case("add_rms_norm", (1, 4, 32), "float32", 1e-5)
+    _prepare(export.OnnxExport(), add)
+    before = len(export.EXPORT_SECONDS)
+    assert _prepare(optimized.OnnxExportOptimized(), add).info()["export"] == "disk cache"
+    assert len(export.EXPORT_SECONDS) == before
+
+
+def test_the_graph_cache_keeps_what_the_exporter_refused_and_rebuilds_a_damaged_entry(monkeypatch, tmp_path):
+    monkeypatch.delenv(export.OPSET_VARIABLE, raising=False)
+    monkeypatch.setenv(cache.VARIABLE, str(tmp_path))
+    refused = Case("batch_norm", (4, 3, 5), "float32", 1e-5, training=True)
+    with pytest.raises(Unsupported) as first:
+        _prepare(export.OnnxExport(), refused)
+    before = len(export.EXPORT_SECONDS)
+    with pytest.raises(Unsupported) as again:
+        _prepare(export.OnnxExport(), refused)
+    assert str(again.value) == str(first.value) and len(export.EXPORT_SECONDS) == before
+    case = Case("layer_norm", (4, 32), "float32", 1e-5)
+    _prepare(export.OnnxExport(), case)
+    for entry in (tmp_path / export.EXPORT_CACHE).glob("*.onnx"):
+        entry.write_bytes(b"not a model")
+    assert _prepare(export.OnnxExport(), case).info()["export"] == "exported"
+    # Another eps is another graph (a constant of it): never served from the first one's entry.
+    other = _prepare(export.OnnxExport(), dataclasses.replace(case, eps=1e-3))
+    assert other.info()["export"] == "exported"
 
 
 @pytest.mark.parametrize(("opset", "decomposed"), [(18, True), (23, False)])

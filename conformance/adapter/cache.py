@@ -1,0 +1,76 @@
+"""Where adapters keep what outlives a run: compiled graphs and exports, under ``.normconf/cache``.
+
+The pytest plugin sets ``NORMCONF_CACHE_DIR`` (``--graph-cache``; default ``.normconf/cache`` under
+the rootdir, ``none`` for no cache) before any backend loads, so every xdist worker and a second run
+find the same folder. An adapter asks ``folder(kind)`` for its own subfolder, keys each entry by
+everything its content depends on (``digest``: the library versions, the graph's options), and
+writes entries whole (``store``), so workers that build the same entry at once never read half of
+one. ``normconf cache`` lists the folder; ``normconf cache --clear`` (or deleting it) empties it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+VARIABLE = "NORMCONF_CACHE_DIR"
+DEFAULT = Path(".normconf") / "cache"
+# --graph-cache none: adapters keep their in-process caches only.
+OFF = "none"
+# The Cache Directory Tagging Specification's file: backup tools skip the folder, and ``normconf cache
+# --clear`` deletes only a folder that has it.
+TAG = "CACHEDIR.TAG"
+_TAG_TEXT = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by normconf (its graph cache).\n"
+)
+
+
+def root() -> Path | None:
+    """The cache folder of this run, or None when caching is off or no run set one."""
+    value = os.environ.get(VARIABLE, "").strip()
+    return None if not value or value == OFF else Path(value)
+
+
+def folder(kind: str) -> Path | None:
+    """``kind``'s subfolder of the cache (created), or None when caching is off."""
+    base = root()
+    if base is None:
+        return None
+    path = base / kind
+    path.mkdir(parents=True, exist_ok=True)
+    if not (base / TAG).exists():
+        store(base / TAG, _TAG_TEXT.encode())
+    return path
+
+
+def digest(*parts: object) -> str:
+    """A file name for an entry keyed by ``parts`` (their reprs: tuples of strings, numbers, None)."""
+    text = json.dumps([repr(part) for part in parts])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def load(path: Path) -> bytes | None:
+    """An entry's bytes, or None when it is not there (or cannot be read: it is then built again)."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def store(path: Path, data: bytes) -> None:
+    """Write an entry whole (a temporary file, then a rename); a full or read-only disk costs the
+    cache, never the run."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
