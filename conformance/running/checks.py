@@ -39,8 +39,9 @@ class Phases:
     """Seconds one check spent per phase, added up as it runs: the figures ``normconf profile`` sums.
 
     ``compile_s`` is the part of ``prepare_s`` the adapter reports as compiling or exporting (its
-    info's ``compile_s``: 0 when its graph came from a cache); judging is what the check's duration
-    leaves after the others (comparison, ledger, messages, the results record).
+    info's ``compile_s``: 0 when its graph came from a cache); a run that raised (Unsupported from
+    prepare(), an adapter error) counts whole as prepare; judging is what the check's duration leaves
+    after the others (comparison, ledger, messages, the results record).
     """
 
     prepare_s: float = 0.0
@@ -98,9 +99,23 @@ def _execute(
     inputs, _ = _materials(case, ctx)
     given = for_call(inputs, grad=grad)
     shapes = {name: output_shape(case, name) for name in produced(case, grad)}
-    execution = run_backend(
-        backend, case, given, grad=grad, calls=calls, expected_shapes=shapes, timeout=ctx.timeout, watch=watch
-    )
+    start = time.perf_counter()
+    try:
+        execution = run_backend(
+            backend,
+            case,
+            given,
+            grad=grad,
+            calls=calls,
+            expected_shapes=shapes,
+            timeout=ctx.timeout,
+            watch=watch,
+        )
+    except (Unsupported, AdapterError):
+        # Unsupported comes from prepare() (an export the exporter refused, a session without a kernel):
+        # a run that raised counts whole as prepare.
+        ctx.phases.prepare_s += time.perf_counter() - start
+        raise
     ctx.phases.ran(execution)
     return execution
 

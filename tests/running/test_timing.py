@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
+from conformance.adapter.backend import Unsupported
 from conformance.adapter.execute import Execution
+from conformance.judging.ledger import Ledger
+from conformance.judging.tolerances import read_tolerances
+from conformance.model.case import Case
 from conformance.running import timing
-from conformance.running.checks import Phases
+from conformance.running.checks import CheckContext, Phases, run_check
+
+from fakes.core import NumpyFake
 
 
 def _execution(prepare_s: float, call_s: float, info: dict[str, object]) -> Execution:
@@ -79,3 +86,23 @@ def test_a_suite_run_records_phases_and_the_header_its_timing(suite, tmp_path):
     )
     for record in checks:
         assert sum(record["extra"]["phases"].values()) == pytest.approx(record["duration_s"], abs=1e-5)
+
+
+class _SlowRefusal(NumpyFake):
+    """Spends a while in prepare() and then cannot express the case (an exporter refusing it)."""
+
+    name = "fake-slow-refusal"
+
+    def prepare(self, case, inputs, *, grad):
+        time.sleep(0.2)
+        raise Unsupported("the exporter cannot express this case")
+
+
+def test_a_prepare_that_raised_counts_as_prepare_not_judging():
+    backend = _SlowRefusal()
+    ctx = CheckContext(read_tolerances(), Ledger("", "", ()), 30.0)
+    case = Case("rms_norm", (4, 16), "float32", 1e-5)
+    result = run_check("forward", backend, backend.capabilities(), case, ctx)
+    assert result.outcome == "unsupported"
+    phases = result.extra["phases"]
+    assert phases["prepare_s"] >= 0.2 and phases["judge_s"] < 0.1
