@@ -36,12 +36,16 @@ def root() -> Path | None:
 
 
 def folder(kind: str) -> Path | None:
-    """``kind``'s subfolder of the cache (created), or None when caching is off."""
+    """``kind``'s subfolder of the cache (created), or None when caching is off or the folder cannot
+    be made (a read-only checkout: the run goes on without the cache)."""
     base = root()
     if base is None:
         return None
     path = base / kind
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
     if not (base / TAG).exists():
         store(base / TAG, _TAG_TEXT.encode())
     return path

@@ -45,3 +45,10 @@ def test_a_full_disk_costs_the_cache_not_the_run(tmp_path, monkeypatch):
     cache.store(tmp_path / "entry.bin", b"graph")
     assert os.listdir(tmp_path) == []  # nor a temporary file
     cache.store(tmp_path / "missing" / "entry.bin", b"graph")  # no folder to write in: no exception
+
+
+def test_a_folder_that_cannot_be_made_turns_the_cache_off(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(cache.VARIABLE, str(blocker))
+    assert cache.folder("onnx-export") is None
