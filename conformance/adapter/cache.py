@@ -35,9 +35,9 @@ def root() -> Path | None:
     return None if not value or value == OFF else Path(value)
 
 
-def folder(kind: str) -> Path | None:
-    """``kind``'s subfolder of the cache (created), or None when caching is off or the folder cannot
-    be made (a read-only checkout: the run goes on without the cache)."""
+def folder(kind: str = "") -> Path | None:
+    """``kind``'s subfolder of the cache (created; the cache folder itself without one), or None when
+    caching is off or the folder cannot be made (a read-only checkout: the run goes on without it)."""
     base = root()
     if base is None:
         return None

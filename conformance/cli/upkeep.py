@@ -74,29 +74,30 @@ def cache(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         print(f"{folder}: empty (no graph cache yet)")
         return 0
+    if args.clear and not (folder / graph_cache.TAG).is_file():
+        raise options.UsageError(
+            f"--clear: {folder} has no {graph_cache.TAG}, so it is not a graph cache normconf made;"
+            " nothing was deleted"
+        )
+    entries = {entry.name: _usage(entry) for entry in sorted(folder.iterdir())}
+    total = sum(size for size, _ in entries.values())
     if args.clear:
-        if not (folder / graph_cache.TAG).is_file():
-            raise options.UsageError(
-                f"--clear: {folder} has no {graph_cache.TAG}, so it is not a graph cache normconf made;"
-                " nothing was deleted"
-            )
-        size = _size(folder)
         shutil.rmtree(folder)
-        print(f"{folder}: cleared ({_mib(size)})")
+        print(f"{folder}: cleared ({_mib(total)})")
         return 0
-    entries = sorted(folder.iterdir())
-    width = max((len(entry.name) for entry in entries), default=0)
-    for entry in entries:
-        files = sum(1 for f in entry.rglob("*") if f.is_file()) if entry.is_dir() else 1
-        print(f"{entry.name.ljust(width)}  {_mib(_size(entry)):>10}  {files:,} files")
-    print(f"{folder}: {_mib(_size(folder))}; normconf cache --clear empties it")
+    width = max(map(len, entries), default=0)
+    for name, (size, files) in entries.items():
+        print(f"{name.ljust(width)}  {_mib(size):>10}  {files:,} files")
+    print(f"{folder}: {_mib(total)}; normconf cache --clear empties it")
     return 0
 
 
-def _size(path: Path) -> int:
+def _usage(path: Path) -> tuple[int, int]:
+    """(bytes, files) of a file or a folder's tree, walked once."""
     if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        return path.stat().st_size, 1
+    sizes = [f.stat().st_size for f in path.rglob("*") if f.is_file()]
+    return sum(sizes), len(sizes)
 
 
 def _mib(size: int) -> str:

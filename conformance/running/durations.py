@@ -19,7 +19,7 @@ from conformance.model.case import Case
 from conformance.running.nodeid import NODE_ID
 
 FILE = "durations.json"
-__all__ = ["read", "record_key", "scopes", "seconds", "signature", "test_key", "update"]
+__all__ = ["group_key", "read", "record_key", "scopes", "seconds", "signature", "test_key", "update"]
 # The suite test each non-result record kind comes from (its node id's test_<name>), and its name field.
 _RECORD_TESTS = {"fingerprint": ("fingerprint", "question"), "property": ("properties", "property")}
 
@@ -48,22 +48,33 @@ def scopes(cases: Iterable[Case]) -> dict[str, str]:
     return {case.id: signature(case) for case in cases}
 
 
+def group_key(backend: str, signature: str) -> str:
+    """The scope of a backend's checks of the cases of one signature."""
+    return f"{backend}::{signature}"
+
+
+def _named_key(test: str, backend: str, name: str) -> str:
+    """The scope of one other suite test (a fingerprint question, a property)."""
+    return f"{test}[{backend}:{name}]"
+
+
 def test_key(nodeid: str) -> str:
-    """A node id's ``check[backend:name]`` (the file path before it depends on how pytest was invoked)."""
+    """A node id's ``check[backend:name]`` (the file path before it depends on how pytest was invoked);
+    any other node id as it is."""
     match = NODE_ID.search(nodeid)
-    return nodeid if match is None else f"{match['check']}[{match['backend']}:{match['case']}]"
+    return nodeid if match is None else _named_key(match["check"], match["backend"], match["case"])
 
 
 def record_key(record: Mapping[str, Any], groups: Mapping[str, str]) -> str | None:
     """The scope a results record's test belonged to; ``groups`` maps case ids to signatures."""
-    kind, backend = record.get("kind", "result"), record.get("backend")
+    kind, backend = record.get("kind", "result"), str(record.get("backend"))
     if kind == "result":
         case = record.get("case")
         signature = groups.get(str(case.get("id"))) if isinstance(case, Mapping) else None
-        return None if signature is None else f"{backend}::{signature}"
+        return None if signature is None else group_key(backend, signature)
     if kind in _RECORD_TESTS:
         test, field = _RECORD_TESTS[kind]
-        return f"{test}[{backend}:{record.get(field)}]"
+        return _named_key(test, backend, str(record.get(field)))
     return None
 
 
@@ -101,5 +112,5 @@ def update(found: Mapping[str, float]) -> None:
     if file is None or not found:
         return
     merged = {**read(), **found}
-    cache.folder(".")  # the folder and its tag
+    cache.folder()  # the folder and its tag
     cache.store(file, json.dumps(merged, sort_keys=True, indent=0).encode())

@@ -154,9 +154,7 @@ class RunState:
         self.writer = not hasattr(config, "workerinput")
         self.observation: observed.Observation | None = None
         self.typed: list[Record] = []  # the records as typed records, read once at session finish
-        # Where the writing process's time went, for the header (normconf profile reads it).
-        self.started = time.perf_counter()
-        self.timing: dict[str, float] = {}
+        self.started = time.perf_counter()  # the header's timing.wall_s counts from here
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not self.writer:
@@ -184,10 +182,10 @@ class RunState:
             exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
         serialize = time.perf_counter()
         lines = [json_line(record) for record in records]
-        self.timing["write_s"] = time.perf_counter() - serialize
-        self.timing["finish_s"] = serialize - finish
-        self.timing["wall_s"] = time.perf_counter() - self.started
-        write_lines_atomic(self.settings.results, [json_line(self._header(int(exitstatus))), *lines])
+        end = time.perf_counter()
+        timing = {"wall_s": end - self.started, "finish_s": serialize - finish, "write_s": end - serialize}
+        header = self._header(int(exitstatus), timing)
+        write_lines_atomic(self.settings.results, [json_line(header), *lines])
         durations.update(durations.seconds(records, durations.scopes(self.settings.cases)))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -214,7 +212,7 @@ class RunState:
         }
         return observed.observe(s.ledger, self.typed, devices, None if s.cases_file else s.profile)
 
-    def _header(self, exitstatus: int) -> dict[str, Any]:
+    def _header(self, exitstatus: int, timing: dict[str, float]) -> dict[str, Any]:
         s = self.settings
         backends: dict[str, Any] = {}
         for name in s.backends:
@@ -229,16 +227,16 @@ class RunState:
             ledger=observed.header(s.ledger, self.observation),
             exitstatus=exitstatus,
             checks=list(checks.CHECK_NAMES),
-            timing=self._timing(),
+            timing=self._timing(timing),
             **_shard_field(self.config),
         )
 
-    def _timing(self) -> dict[str, Any]:
+    def _timing(self, seconds: dict[str, float]) -> dict[str, Any]:
         """The run's wall time from configure to writing, its worker count (0: one process), and the
         writing process's own work at the end: sorting, typing and judging the ledger (finish_s),
         serializing the records (write_s)."""
         workers = getattr(self.config.option, "numprocesses", None)
-        figures = {name: round(value, 3) for name, value in self.timing.items()}
+        figures = {name: round(value, 3) for name, value in seconds.items()}
         return {**figures, "workers": workers if isinstance(workers, int) else 0}
 
     def load_strict(self, name: str) -> None:

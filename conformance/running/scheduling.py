@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from xdist.scheduler import LoadScopeScheduling
 
-from conformance.running.durations import test_key
+from conformance.running.durations import group_key, test_key
 from conformance.running.nodeid import NODE_ID
 
 
@@ -54,8 +54,7 @@ class SignatureScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist s
     def _estimate(self, scope: str, tests: Mapping[str, bool]) -> tuple[bool, float]:
         """(new to this run, seconds last run): a scope without history goes first (its cost is
         unknown; a new backend or signature may compile for minutes), most tests first among those."""
-        key = scope if NODE_ID.search(scope) is None else test_key(scope)
-        known = self._seconds.get(key)
+        known = self._seconds.get(test_key(scope))
         return (True, float(len(tests))) if known is None else (False, known)
 
     def remove_node(self, node: object) -> str | None:
@@ -84,4 +83,4 @@ class SignatureScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist s
         match = NODE_ID.search(nodeid)
         if match is None or match["case"] not in self._groups:
             return nodeid
-        return f"{match['backend']}::{self._groups[match['case']]}"
+        return group_key(match["backend"], self._groups[match["case"]])
