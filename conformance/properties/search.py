@@ -1,7 +1,8 @@
 """Run a metamorphic property against one backend under Hypothesis, reproducibly and within a budget.
 
 Examples are drawn with a fixed seed (derandomize), no example database and no deadline, so two runs
-draw the same examples; a failure is shrunk by Hypothesis and reported with the minimal example.
+draw the same examples; a failure is shrunk by Hypothesis and reported with the smallest example
+found within the shrinking budget.
 Hypothesis is imported when a property runs, never when conformance is imported.
 """
 
@@ -26,6 +27,11 @@ BUDGET: dict[str, int] = {"smoke": 4, "ci": 25, "full": 100}
 # Seconds one property may spend on one backend before it stops drawing new examples (a backend that
 # compiles every new shape would otherwise take minutes); a failure found is always shrunk.
 SECONDS: dict[str, float] = {"smoke": 2.0, "ci": 3.0, "full": 120.0}
+# Seconds shrinking a failure may take once it is found. Past them, candidates not yet seen failing
+# are not run (the shrinker then stops at the smallest failing example it has), while an example
+# seen failing still runs, so Hypothesis's final replay of the reported example runs the backend.
+# Without it Hypothesis shrinks for up to five minutes per failure.
+SHRINK_SECONDS: dict[str, float] = {"smoke": 10.0, "ci": 20.0, "full": 60.0}
 
 
 @dataclass
@@ -38,6 +44,9 @@ class _Tally:
     differing: Mapping[str, Any] | None = None  # the first passing example whose bits differed
     failing: bool = False
     out_of_time: int = 0  # examples drawn after the time budget ran out, not run
+    shrink_stop: float = math.inf  # when shrinking stops running new candidates (set by the first failure)
+    seen_failing: set[Example] = field(default_factory=set)
+    shrink_out_of_time: int = 0  # shrink candidates not run, the shrinking budget spent
 
 
 def strategy(prop: Property, caps: Capabilities) -> Any:
@@ -68,13 +77,14 @@ def check(
     max_examples: int,
     ledger: Ledger | None = None,
     seconds: float | None = None,
+    shrink_seconds: float | None = None,
 ) -> PropertyRecord:
     """Run ``prop`` on ``backend`` for up to ``max_examples`` examples; never raises for the adapter.
 
     A failing example that a ledger entry for this backend and property covers (within its band)
     is a known deviation: the search goes on, and the result is xfailed if nothing else fails.
     After ``seconds`` no new example runs (at least one does; the count run is recorded) unless a
-    failure is being shrunk.
+    failure is being shrunk; shrinking stops running new candidates after ``shrink_seconds``.
     """
     start = time.perf_counter()
     base = {"backend": backend.name, "property": prop.name}
@@ -86,7 +96,8 @@ def check(
     tally = _Tally()
     try:
         stop = start + (math.inf if seconds is None else seconds)
-        _search(backend, caps, prop, ctx, max_examples, tally, ledger, stop)
+        shrink = math.inf if shrink_seconds is None else shrink_seconds
+        _search(backend, caps, prop, ctx, max_examples, tally, ledger, (stop, shrink))
     except Violation as found:
         # The record's worst ratio is its counterexample's (the shrunk example the cell shows), not
         # the largest among the examples that passed.
@@ -132,6 +143,7 @@ def _result(
         {
             **({"first_non_bitwise": tally.differing} if prop.relation and tally.differing else {}),
             **({"examples_not_run_out_of_time": tally.out_of_time} if tally.out_of_time else {}),
+            **({"shrink_candidates_not_run": tally.shrink_out_of_time} if tally.shrink_out_of_time else {}),
             **({"ledger": sorted({entry.index for entry, _ in tally.known})} if tally.known else {}),
         },
     )
@@ -145,8 +157,9 @@ def _search(
     max_examples: int,
     tally: _Tally,
     ledger: Ledger | None,
-    stop: float,
+    budget: tuple[float, float],
 ) -> None:
+    stop, shrink_seconds = budget
     from hypothesis import HealthCheck, Phase, given, reject, settings
 
     @settings(
@@ -162,6 +175,9 @@ def _search(
     def holds(example: Example) -> None:
         if tally.examples and not tally.failing and time.perf_counter() > stop:
             tally.out_of_time += 1
+            return
+        if tally.failing and example not in tally.seen_failing and time.perf_counter() > tally.shrink_stop:
+            tally.shrink_out_of_time += 1
             return
         why = caps.why_not(example.case(), grad=ctx.grad)
         if why is not None:
@@ -181,7 +197,10 @@ def _search(
                 ledger.find(backend.name, case, prop.name, output, outcome.info, where) if ledger else None
             )
             if entry is None or outcome.worst_ratio > entry.band[1]:
-                tally.failing = True  # shrinking must replay examples whatever the clock says
+                if not tally.failing:  # shrinking must replay examples whatever the search's clock says
+                    tally.failing = True
+                    tally.shrink_stop = time.perf_counter() + shrink_seconds
+                tally.seen_failing.add(example)
                 raise Violation(example, outcome)
             tally.known.append((entry, outcome.worst_ratio))
             return

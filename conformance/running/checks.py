@@ -120,11 +120,79 @@ def _execute(
     return execution
 
 
+@dataclass(frozen=True)
+class _Shared:
+    """The execution a case's checks share: one per backend, case and grad, made by the first check
+    that needs it (kept by the checks' order: a backend's checks of one case run consecutively).
+
+    Where determinism runs with that grad (the backend's backward capability decides), it makes two
+    calls and watches the buffers, so backward, inputs_unchanged, aliasing and determinism read one
+    prepare and two calls instead of five calls; forward and training read one call. The outputs
+    each check judges are the same calls' outputs a check of its own would make: the first call's
+    for the comparisons, both for determinism.
+    """
+
+    backend: Backend
+    key: tuple[object, ...]
+    execution: Execution | None
+    refused: Unsupported | None = None  # prepare() raised Unsupported: it is asked the same again
+    # The checks that read it: a check asking again (another run over the same case) runs afresh.
+    used: set[str] = field(default_factory=set)
+
+
+# The last executions made; two: a case's forward (grad=False) and gradient (grad=True) runs.
+_SHARED: list[_Shared] = []
+
+
+def _run(
+    check: str,
+    backend: Backend,
+    case: Case,
+    caps: Capabilities,
+    ctx: CheckContext,
+    grad: bool,
+    calls: int = 1,
+    watch: bool = False,
+) -> Execution:
+    """An execution with at least ``calls`` calls (and the buffers watched where asked): the shared
+    one where it covers that, else the check's own. A shared run that failed (an adapter error, a
+    timeout) is not reused: each check then makes its own run, so a fault in a second call is
+    charged to determinism alone, as a check of its own would find it."""
+    full = grad == ("backward" in caps.features)
+    wanted_calls, wanted_watch = (2, True) if full else (1, False)
+    if calls > wanted_calls or (watch and not wanted_watch):
+        return _execute(backend, case, ctx, grad, calls=calls, watch=watch)
+    key = (backend.name, case, grad, wanted_calls, wanted_watch, ctx.timeout)
+    for shared in _SHARED:
+        if shared.backend is backend and shared.key == key and check not in shared.used:
+            shared.used.add(check)
+            if shared.refused is not None:
+                raise shared.refused
+            if shared.execution is None:
+                return _execute(backend, case, ctx, grad, calls=calls, watch=watch)
+            return shared.execution
+    try:
+        execution = _execute(backend, case, ctx, grad, calls=wanted_calls, watch=wanted_watch)
+    except Unsupported as exc:
+        _remember(_Shared(backend, key, None, exc, {check}))
+        raise
+    except AdapterError:
+        _remember(_Shared(backend, key, None, None, {check}))
+        return _execute(backend, case, ctx, grad, calls=calls, watch=watch)
+    _remember(_Shared(backend, key, execution, None, {check}))
+    return execution
+
+
+def _remember(shared: _Shared) -> None:
+    _SHARED.append(shared)
+    del _SHARED[:-2]
+
+
 def _compared(
     spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext
 ) -> Verdict:
     """Compare the spec's outputs with the oracle's, then apply the ledger."""
-    execution = _execute(backend, case, ctx, spec.grad)
+    execution = _run(spec.name, backend, case, caps, ctx, spec.grad)
     inputs, expected = _materials(case, ctx)
     actual = execution.outputs[0]
     comparisons = compare_outputs(case, inputs, expected, actual, spec.outputs(case), ctx.tolerances)
@@ -176,7 +244,7 @@ def _saved(
 
 def _bitwise(spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, ctx: CheckContext) -> Verdict:
     """Compare bits: the inputs before and after one call, or the outputs of ``spec.calls`` (two) calls."""
-    execution = _execute(backend, case, ctx, "backward" in caps.features, calls=spec.calls)
+    execution = _run(spec.name, backend, case, caps, ctx, "backward" in caps.features, calls=spec.calls)
     if spec.calls == 1:
         pristine, _ = _materials(case, ctx)
         # An input an output declares as its buffer is written by design; the aliasing check judges it.
@@ -184,7 +252,8 @@ def _bitwise(spec: CheckSpec, backend: Backend, case: Case, caps: Capabilities, 
         pairs = [
             (name, pristine[name], after) for name, after in execution.inputs.items() if name not in written
         ]
-        changed = [messages.bits_changed(name, before, after) for name, before, after in pairs]
+        what = "by the call" if len(execution.outputs) == 1 else f"by {len(execution.outputs)} calls"
+        changed = [messages.bits_changed(name, before, after, what) for name, before, after in pairs]
     else:
         first, second = execution.outputs
         changed = [
@@ -204,7 +273,7 @@ def _aliasing(
     """No output shares memory with an input or another output, and no input is written, unless the
     backend declares it (Capabilities.aliases); a declared in-place input must hold its output."""
     grad = "backward" in caps.features
-    execution = _execute(backend, case, ctx, grad, watch=True)
+    execution = _run(spec.name, backend, case, caps, ctx, grad, watch=True)
     watch = execution.watch
     assert watch is not None, "run_backend(watch=True) records the buffers"
     found = memory.problems(watch, caps.aliases, execution.inputs, execution.outputs[0])

@@ -90,7 +90,8 @@ def normconf_check_property(request: pytest.FixtureRequest) -> Callable[[], None
             ctx = catalog.PropertyContext(settings.tolerances, settings.timeout, "backward" in caps.features)
             profile = settings.profile if settings.profile in search.BUDGET else "ci"
             budget, seconds = search.BUDGET[profile], search.SECONDS[profile]
-            result = search.check(backend, caps, prop, ctx, budget, settings.ledger, seconds)
+            shrink = search.SHRINK_SECONDS[profile]
+            result = search.check(backend, caps, prop, ctx, budget, settings.ledger, seconds, shrink)
         _record(request, result.to_dict())
 
     return run

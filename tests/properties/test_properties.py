@@ -235,3 +235,18 @@ def test_examples_stay_within_the_declared_dtypes():
     assert set(seen) == {"bfloat16"}
     none = dataclasses.replace(only_bf16, dtypes=frozenset())
     assert check(fake, none, PROPERTIES["shift_invariance"], CTX, 6).outcome == "unsupported"
+
+
+def test_shrinking_stops_running_new_candidates_when_its_budget_is_spent():
+    prop = PROPERTIES[BREAKS["fake-variance-floor"]]
+    backend = _backend("fake-variance-floor")
+    full = check(backend, backend.capabilities(), prop, CTX, 20)
+    cut = check(backend, backend.capabilities(), prop, CTX, 20, shrink_seconds=0.0)
+    # Without a budget every candidate runs; with none left, only examples already seen failing run,
+    # so the example reported is one the backend failed, larger than the fully shrunk one.
+    assert "shrink_candidates_not_run" not in full.extra
+    assert cut.outcome == "failed" and cut.extra["shrink_candidates_not_run"] > 0
+    assert cut.examples < full.examples
+    example = Example(**cut.counterexample)
+    assert not prop.check(backend, example, CTX).passed
+    assert (example.rows, example.features) > (full.counterexample["rows"], full.counterexample["features"])
