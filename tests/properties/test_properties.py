@@ -250,3 +250,44 @@ def test_shrinking_stops_running_new_candidates_when_its_budget_is_spent():
     example = Example(**cut.counterexample)
     assert not prop.check(backend, example, CTX).passed
     assert (example.rows, example.features) > (full.counterexample["rows"], full.counterexample["features"])
+
+
+def test_examples_are_drawn_from_the_propertys_own_seed_not_the_search_code():
+    import zlib
+
+    from hypothesis import HealthCheck, Phase, seed
+    from hypothesis import settings as hsettings
+
+    from conformance.properties.search import strategy
+
+    prop = PROPERTIES["row_permutation"]
+    drawn = []
+
+    class Recording(NumpyFake):
+        def prepare(self, case, inputs, *, grad):
+            drawn.append((case.op, case.dtype, case.shape, case.eps))
+            return super().prepare(case, inputs, grad=grad)
+
+    backend = Recording()
+    caps = backend.capabilities()
+    assert check(backend, caps, prop, CTX, 5).outcome == "passed"
+    # A function of other source with the same seed, settings and strategy draws the same examples.
+    expected = []
+
+    @seed(zlib.crc32(prop.name.encode()))
+    @hsettings(
+        max_examples=5 * prop.weight,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy(prop, caps))
+    def other(example):
+        case = example.case()
+        expected.append((case.op, case.dtype, case.shape, case.eps))
+
+    other()
+    # (The property runs each example twice: the rows as given and permuted.)
+    assert len(expected) > 1 and list(dict.fromkeys(drawn)) == list(dict.fromkeys(expected))
