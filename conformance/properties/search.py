@@ -46,7 +46,8 @@ class _Tally:
     differing: Mapping[str, Any] | None = None  # the first passing example whose bits differed
     failing: bool = False
     out_of_time: int = 0  # examples drawn after the time budget ran out, not run
-    shrink_stop: float = math.inf  # when shrinking stops running new candidates (set by the first failure)
+    shrink_seconds: float = math.inf  # how long shrinking runs new candidates after the first failure
+    shrink_stop: float = math.inf  # when it stops (set by the first failure)
     seen_failing: set[Example] = field(default_factory=set)
     shrink_out_of_time: int = 0  # shrink candidates not run, the shrinking budget spent
 
@@ -95,11 +96,10 @@ def check(
             f"none of the ops {list(prop.ops)} declared" if caps.dtypes else "no dtype declared or selected"
         )
         return PropertyRecord(backend.name, prop.name, "unsupported", reason)
-    tally = _Tally()
+    tally = _Tally(shrink_seconds=math.inf if shrink_seconds is None else shrink_seconds)
     try:
         stop = start + (math.inf if seconds is None else seconds)
-        shrink = math.inf if shrink_seconds is None else shrink_seconds
-        _search(backend, caps, prop, ctx, max_examples, tally, ledger, (stop, shrink))
+        _search(backend, caps, prop, ctx, max_examples, tally, ledger, stop)
     except Violation as found:
         # The record's worst ratio is its counterexample's (the shrunk example the cell shows), not
         # the largest among the examples that passed.
@@ -159,9 +159,8 @@ def _search(
     max_examples: int,
     tally: _Tally,
     ledger: Ledger | None,
-    budget: tuple[float, float],
+    stop: float,
 ) -> None:
-    stop, shrink_seconds = budget
     from hypothesis import HealthCheck, Phase, given, reject, seed, settings
 
     @seed(zlib.crc32(prop.name.encode()))
@@ -202,7 +201,7 @@ def _search(
             if entry is None or outcome.worst_ratio > entry.band[1]:
                 if not tally.failing:  # shrinking must replay examples whatever the search's clock says
                     tally.failing = True
-                    tally.shrink_stop = time.perf_counter() + shrink_seconds
+                    tally.shrink_stop = time.perf_counter() + tally.shrink_seconds
                 tally.seen_failing.add(example)
                 raise Violation(example, outcome)
             tally.known.append((entry, outcome.worst_ratio))
