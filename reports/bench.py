@@ -36,6 +36,10 @@ class BenchCell:
     speedup: float | None
     noise: float
     conformance: str
+    device_us: float | None = None  # the kernels alone (GPU records); None on the CPU
+    host_us: float | None = None  # wall minus device
+    launches: float | None = None
+    h2d_copies: float | None = None
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,12 @@ def _rank(value: str, order: tuple[str, ...]) -> int:
 
 def _cell(b: Benchmark, base: Benchmark | None, outcome: str) -> BenchCell:
     speedup = base.median_s / b.median_s if base is not None and b.median_s > 0 else None
-    return BenchCell(b.median_s * 1e6, b.gbps, b.roofline_fraction, speedup, b.noise, outcome)
+    device_us = None if b.device_ms is None else b.device_ms * 1e3
+    host_us = None if b.host_ms is None else b.host_ms * 1e3
+    return BenchCell(
+        b.median_s * 1e6, b.gbps, b.roofline_fraction, speedup, b.noise, outcome,
+        device_us, host_us, b.launches, b.h2d_copies,
+    )  # fmt: skip
 
 
 def nice_step(top: float) -> float:

@@ -203,6 +203,10 @@ def _benchmarks(data: ReportInput, runs: list[Run]) -> list[str]:
             text += f", {c.gbps:.3g} GB/s" if c.gbps is not None else ""
             text += f" ({c.roofline_fraction:.0%} of copy)" if c.roofline_fraction is not None else ""
             text += f", {c.speedup:.2f}x" if c.speedup is not None and key != found.baseline else ""
+            if c.device_us is not None and c.host_us is not None:
+                text += f"; device {c.device_us:.3g} us + host {c.host_us:.3g} us"
+                text += f", {c.launches:g} launches" if c.launches is not None else ""
+                text += f", {c.h2d_copies:g} h2d copies" if c.h2d_copies else ""
             cells.append(escape(text))
         rows.append([escape(row.case_id), escape(row.check), *cells])
     title = f"### Benchmarks ({len(found.rows)} timed cases"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check for a CUDA machine, in one call: the conformance run of the GPU backends (triton,
 # triton-inplace, torch-functional, torch-nn, torch-compile) over the ci profile with the kernels
-# compiled natively, then forward and forward+backward timings (bf16, fp16; against torch-functional)
-# with GB/s, then the ahead-of-time figures of this GPU's architecture for the benchmark sweep's kernels
+# compiled natively, then forward and forward+backward timings (bf16, fp16; against torch-functional,
+# our kernels replayed from a CUDA graph and Liger-Kernel's where installed) with GB/s, wall time split
+# into device and host time, launches and host-to-device copies per call, then the ahead-of-time figures of this GPU's architecture for the benchmark sweep's kernels
 # (python -m backends.triton.kernels.aot), so the static estimate and the measured GB/s sit side by side.
 #
 #   bash scripts/gpu_check.sh [--quick] [OUT_DIR]     (default .normconf/gpu-check; the device tool: $OUT)
@@ -26,6 +27,9 @@ WORKERS=${WORKERS:-8}
 DEVICE=${DEVICE:-cuda}
 BACKENDS=${BACKENDS:-triton,triton-inplace,torch-functional,torch-nn,torch-compile}
 TIMINGS=${TIMINGS:-1}
+# Timed side by side: ours launched and replayed from a CUDA graph (the floor of host time), torch's, and
+# Liger-Kernel's where the image has it (a backend that is unavailable is left out with its reason).
+TIMED_BACKENDS=${TIMED_BACKENDS:-triton,triton-graph,torch-functional,liger-rms,liger-layer-norm,liger-add-rms}
 AOT=${AOT:-1}
 if [ "$QUICK" = 1 ]; then
     PROFILE=smoke SHAPES=4096x8192 GROUP_SHAPES=2x320x32x32 RUN_TIMEOUT=180 TIMING_TIMEOUT=60
@@ -89,7 +93,7 @@ if [ "$TIMINGS" = 1 ]; then
     step "timings: forward, forward+backward"
     timeout "$TIMING_TIMEOUT" "$PYTHON" scripts/triton_timings.py --out "$OUT_DIR" \
         --shapes "$SHAPES" --group-shapes "$GROUP_SHAPES" --groups 32 \
-        --dtypes bfloat16,float16 --backends triton,torch-functional
+        --dtypes bfloat16,float16 --backends "$TIMED_BACKENDS"
 fi
 
 if [ "$AOT" = 1 ] && [ "$QUICK" = 0 ]; then

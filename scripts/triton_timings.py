@@ -11,7 +11,11 @@ y, the add ops move 4 tensors (x, residual in; y, residual_out out); the backwar
 backward, adding read x (for the add ops the saved sum), dy, the add ops' dresidual_out, and write dx
 (dresidual is dx's tensor when the stream has x's dtype). triton-inplace's timed call also restores x and
 residual from pristine copies (4 more tensor moves, not counted). ``roofline`` is GB/s over a
-device-to-device copy measured in the same run. ``--shapes`` are (rows x columns) for the row ops,
+device-to-device copy measured in the same run. Each record also splits the wall time (``wall_ms``, the
+median above: launch-inclusive, L2 scrubbed) into ``device_ms`` (the kernels alone: the Prepared's
+``device_timing()``, a CUDA-graph replay or the profiler's kernel sum, backends/common/device_timing.py)
+and ``host_ms`` (the rest), with ``launches`` and ``h2d_copies`` per call and ``device_gbps`` /
+``device_roofline``; on the CPU those are null. ``--shapes`` are (rows x columns) for the row ops,
 ``--group-shapes`` (N x C x spatial...) for GroupNorm (``--groups`` groups) and InstanceNorm (instance
 statistics). A backend that does not support a case (or is not registered) is left out of the table
 with its reason printed.
@@ -30,7 +34,7 @@ from typing import Any
 
 import torch
 
-from conformance import Case, Unsupported
+from conformance import BackendUnavailable, Case, Unsupported
 from conformance.adapter import registry
 from conformance.model.case import ADD_OPS
 from conformance.model.dtypes import numpy_dtype
@@ -101,7 +105,10 @@ def measure(
         return None
     backend = entries[name].load()
     given = for_call(inputs, grad=grad)
-    why = backend.capabilities().why_not(case, grad=grad)
+    try:
+        why = backend.capabilities().why_not(case, grad=grad)
+    except BackendUnavailable as exc:
+        why = f"unavailable: {exc}"
     if why is None:
         try:
             prepared = backend.prepare(case, given, grad=grad)
@@ -121,6 +128,8 @@ def measure(
     median = statistics.median(times)
     size = activation_bytes(case, grad)
     info: dict[str, Any] = dict(getattr(prepared, "info", dict)())
+    device_timing = getattr(prepared, "device_timing", None)
+    device = None if device_timing is None else device_timing()
     return {
         "backend": name,
         "case_id": case.id,
@@ -129,7 +138,25 @@ def measure(
         "median_ms": median,
         "min_ms": min(times),
         "gbps": size / median / 1e6,
+        **split(median, device, size),
         "info": dict(info),
+    }
+
+
+def split(wall_ms: float, device: dict[str, Any] | None, size: int) -> dict[str, Any]:
+    """The wall time's split into the kernels' and the host's (null where there is no device timing)."""
+    if device is None:
+        none = ("device_ms", "host_ms", "launches", "h2d_copies", "device_gbps", "device_method")
+        return {"wall_ms": wall_ms, **dict.fromkeys(none)}
+    device_ms = float(device["device_ms"])
+    return {
+        "wall_ms": wall_ms,
+        "device_ms": device_ms,
+        "host_ms": wall_ms - device_ms,
+        "launches": device.get("launches"),
+        "h2d_copies": device.get("h2d_copies"),
+        "device_gbps": size / device_ms / 1e6 if device_ms > 0 else None,
+        "device_method": device.get("device_method"),
     }
 
 
@@ -175,6 +202,8 @@ def main() -> None:
                 if record is None:
                     continue
                 record["roofline"] = record["gbps"] / roofline
+                dev = record["device_gbps"]
+                record["device_roofline"] = None if dev is None else dev / roofline
                 records.append(record)
                 print(_line(record), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -185,23 +214,35 @@ def main() -> None:
 
 
 def _line(r: dict[str, Any]) -> str:
-    return (
+    line = (
         f"{r['backend']:18} {r['check']:8} {r['case_id']:45} {r['median_ms']:8.3f} ms "
         f"{r['gbps']:7.1f} GB/s {r['roofline']:5.1%}"
     )
+    if r["device_ms"] is not None:
+        line += (
+            f" | device {r['device_ms']:.3f} ms {r['device_roofline']:5.1%} host {r['host_ms']:.3f} ms "
+            f"{r['launches']:g} launches {r['h2d_copies']:g} h2d"
+        )
+    return line
 
 
 def _markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"device: {summary['device']}; copy {summary['copy_gbps']:.0f} GB/s (read + write)",
         "",
-        "| backend | check | case | median ms | GB/s | of copy |",
-        "|---|---|---|---:|---:|---:|",
+        "| backend | check | case | wall ms | GB/s | of copy | device ms | of copy | host ms | launches "
+        "| h2d |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def cell(value: Any, form: str) -> str:
+        return "" if value is None else format(value, form)
+
     for r in summary["records"]:
         lines.append(
             f"| {r['backend']} | {r['check']} | {r['case_id']} | {r['median_ms']:.3f} | {r['gbps']:.1f} | "
-            f"{r['roofline']:.1%} |"
+            f"{r['roofline']:.1%} | {cell(r['device_ms'], '.3f')} | {cell(r['device_roofline'], '.1%')} | "
+            f"{cell(r['host_ms'], '.3f')} | {cell(r['launches'], 'g')} | {cell(r['h2d_copies'], 'g')} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from backends.common import device_timing
 from backends.common.host import cpu_name
 from backends.common.translate import offset_scale
 from conformance.adapter.backend import Capabilities, Inputs, Outputs, Unsupported
@@ -480,6 +481,11 @@ class TorchPrepared:
 
     def synchronize(self) -> None:
         synchronize(self._device)
+
+    def device_timing(self) -> dict[str, float | str] | None:
+        """The kernels' time per call apart from the host's, on CUDA (backends/common/device_timing.py);
+        None on the CPU, where there is no separate device."""
+        return device_timing.info(self, self._device)
 
     def info(self) -> dict[str, str | int | float | bool]:
         """The intra-op thread count the calls ran with (the benchmarks check it against theirs), and what

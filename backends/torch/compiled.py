@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from backends.common import device_timing
 from backends.common import torch_support as common
 from backends.common.translate import offset_scale
 from conformance.adapter import cache
@@ -348,6 +349,10 @@ class CompiledPrepared:
 
     def synchronize(self) -> None:
         self._inner.synchronize()
+
+    def device_timing(self) -> dict[str, float | str] | None:
+        """The compiled call's kernels apart from the host's time (backends/common/device_timing.py)."""
+        return device_timing.info(self, self._inner._device)
 
     def outputs(self) -> Outputs:
         return self._inner.outputs()

@@ -8,6 +8,7 @@ in the capabilities' notes and recorded in every result's ``extra.info``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from importlib import metadata
@@ -100,6 +101,14 @@ class TritonPrepared:
             for name in ("x", "residual", "weight", "bias"):
                 if name in self.t:
                     self.t[name].requires_grad_(True)
+        # What every gradient call differentiates, with respect to what, and by which cotangents: fixed
+        # per case, so made once here rather than on each call (host time is what the calls measure).
+        self._wrt = [f"d{name}" for name in ("x", "residual", "weight", "bias") if name in self.t]
+        self._inputs = [self.t[name[1:]] for name in self._wrt]
+        # The add ops' next layer reads both outputs: each brings its cotangent.
+        heads = {"y": "dy", "residual_out": "dresidual_out"} if case.op in ADD_OPS else {"y": "dy"}
+        self._heads = tuple(heads)
+        self._cotangents = [self.t[d] for d in heads.values()] if grad else []
         self.results: dict[str, Any] = {}
 
     @classmethod
@@ -178,19 +187,21 @@ class TritonPrepared:
             with torch.no_grad():
                 self.results = self._forward()
             return
-        wrt = {f"d{name}": self.t[name] for name in ("x", "residual", "weight", "bias") if name in self.t}
-        # The add ops' next layer reads both outputs: each brings its cotangent.
-        heads = {"y": "dy", "residual_out": "dresidual_out"} if self.case.op in ADD_OPS else {"y": "dy"}
         with torch.enable_grad():
             out = self._forward()
             # autograd.grad returns fresh gradients: nothing accumulates across calls.
-            grads = torch.autograd.grad(
-                [out[name] for name in heads], list(wrt.values()), [self.t[d] for d in heads.values()]
-            )
-        self.results = {k: v.detach() for k, v in out.items()} | dict(zip(wrt, grads, strict=True))
+            grads = torch.autograd.grad([out[name] for name in self._heads], self._inputs, self._cotangents)
+        self.results = {k: v.detach() for k, v in out.items()} | dict(zip(self._wrt, grads, strict=True))
 
     def synchronize(self) -> None:
         self._common.synchronize(self.device)
+
+    def device_timing(self) -> dict[str, float | str] | None:
+        """The kernels' time per call apart from the host's, on CUDA (backends/common/device_timing.py);
+        None under the interpreter."""
+        from backends.common import device_timing
+
+        return device_timing.info(self, self.device)
 
     def outputs(self) -> Outputs:
         if not self.results:
@@ -371,6 +382,13 @@ class InPlacePrepared:
     def synchronize(self) -> None:
         self._common.synchronize(self.device)
 
+    def device_timing(self) -> dict[str, float | str] | None:
+        """The kernels' time per call apart from the host's, on CUDA (backends/common/device_timing.py);
+        None under the interpreter."""
+        from backends.common import device_timing
+
+        return device_timing.info(self, self.device)
+
     def outputs(self) -> Outputs:
         if not self.called:
             raise RuntimeError("outputs() was asked for before the first call of the prepared case")
@@ -405,3 +423,62 @@ class TritonInPlaceBackend:
 
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> InPlacePrepared:
         return self.prepared.from_inputs(case, inputs, _mode())
+
+
+# ----------------------------------------------------------------------------- triton-graph
+
+
+class GraphPrepared:
+    """A TritonPrepared call captured once in a CUDA graph; each call replays it. The outputs are the
+    captured call's own tensors, which every replay rewrites in place."""
+
+    def __init__(self, inner: TritonPrepared) -> None:
+        import torch
+
+        self.inner = inner
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            inner()  # warm up outside the capture: compiles the kernels, fills the scalars' cache
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            inner()
+
+    def __call__(self) -> None:
+        self.graph.replay()
+
+    def synchronize(self) -> None:
+        self.inner.synchronize()
+
+    def outputs(self) -> Outputs:
+        return self.inner.outputs()
+
+    def buffers(self) -> Mapping[str, Any]:
+        return self.inner.buffers()
+
+    def info(self) -> Mapping[str, str | int | bool]:
+        return {**self.inner.info(), "replay": "CUDA graph of one prepared call"}
+
+    def device_timing(self) -> dict[str, float | str] | None:
+        return self.inner.device_timing()
+
+
+class TritonGraphBackend:
+    """The triton backend's calls replayed from a CUDA graph: the same kernels with no host work per
+    call, the floor of host time a benchmark can show beside ``triton``. CUDA only (opt-in, ``kernels``)."""
+
+    name = "triton-graph"
+
+    def capabilities(self) -> Capabilities:
+        run = _mode()
+        if run.device != "cuda":
+            raise BackendUnavailable(
+                f"replays CUDA graphs: needs a CUDA device (the kernels run {run.name} here: {run.why})"
+            )
+        caps = _capabilities(OPS, FEATURES, NOTES, ALIASES)
+        replay = "each call replays a CUDA graph captured from one prepared call"
+        return dataclasses.replace(caps, notes={**caps.notes, "replay": replay})
+
+    def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> GraphPrepared:
+        return GraphPrepared(TritonPrepared.from_inputs(case, inputs, grad, _mode()))

@@ -43,7 +43,7 @@ def describe(item: Listed) -> list[str]:
     entry, caps = item.entry, item.capabilities
     lines = [f"{entry.name}", f"  origin: {entry.origin}"]
     if entry.opt_in:
-        lines.append("  selected by: --backend frameworks (not by all)")
+        lines.append(f"  selected by: --backend {entry.group} (not by all)")
     if caps is None:
         return [*lines, f"  available: {'no, broken' if item.broken else 'no'} ({item.why_not})"]
     lines.append(f"  available: yes, device {caps.device} ({caps.device_name or 'unnamed'})")
@@ -60,7 +60,7 @@ def describe(item: Listed) -> list[str]:
 def _row(item: Listed) -> list[str]:
     caps = item.capabilities
     size = f"{len(caps.ops)} ops, {len(caps.dtypes)} dtypes" if caps is not None else "-"
-    origin = item.entry.origin + (" (opt-in: --backend frameworks)" if item.entry.opt_in else "")
+    origin = item.entry.origin + (f" (opt-in: --backend {item.entry.group})" if item.entry.opt_in else "")
     return [item.entry.name, item.status, size, origin + (f": {item.why_not}" if item.why_not else "")]
 
 

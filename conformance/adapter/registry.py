@@ -1,9 +1,11 @@
 """One table of backends fed by the ``normconf.backends`` entry points and ``register()``.
 
 Listing reads names and origins without importing any adapter; loading imports and instantiates.
-Backends registered under ``normconf.backends.frameworks`` (the framework and runtime adapters of
-docs/porting.md) are opt-in: ``all`` leaves them out, ``frameworks`` selects them, ``all,frameworks``
-selects both. They are many, and the ``ci`` profile over all of them takes longer than a CI job should.
+Backends registered under an opt-in group are selected by the group's name only: ``all`` leaves them
+out, ``all,frameworks`` selects both. ``normconf.backends.frameworks`` holds the framework and runtime
+adapters of docs/porting.md (many: the ``ci`` profile over all of them takes longer than a CI job
+should); ``normconf.backends.kernels`` the kernel libraries people compare against (Liger-Kernel: CUDA
+only).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from typing import Any, TypeVar
 from conformance.adapter.backend import Backend
 
 GROUP = "normconf.backends"
-OPT_IN_GROUP = "normconf.backends.frameworks"
+# Opt-in groups by the --backend word that selects them.
+OPT_IN_GROUPS = {"frameworks": "normconf.backends.frameworks", "kernels": "normconf.backends.kernels"}
+OPT_IN_GROUP = OPT_IN_GROUPS["frameworks"]
 # Words --backend takes besides backend names; no backend may be called one of them.
-KEYWORDS = ("all", "frameworks")
+KEYWORDS = ("all", *OPT_IN_GROUPS)
 _NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _registered: dict[str, Entry] = {}
 
@@ -43,7 +47,12 @@ class Entry:
     origin: str
     factory: Callable[[], Any]
     module: str = ""  # the module an entry point names; "" for a register()ed class
-    opt_in: bool = False  # selected by "frameworks", not by "all"
+    group: str = ""  # the opt-in group's word ("frameworks", "kernels") that selects it; "" for "all"
+
+    @property
+    def opt_in(self) -> bool:
+        """Selected by its group's word, not by "all"."""
+        return bool(self.group)
 
     def load(self) -> Backend:
         try:
@@ -80,26 +89,27 @@ def register(name: str) -> Callable[[T], T]:
     return decorate
 
 
-def _entry_point(ep: metadata.EntryPoint, opt_in: bool = False) -> Entry:
+def _entry_point(ep: metadata.EntryPoint, group: str = "") -> Entry:
     dist = getattr(ep, "dist", None)
     where = f" from {dist.name} {dist.version}" if dist is not None else ""
 
     def factory() -> Any:
         return ep.load()()
 
-    return Entry(ep.name, f"entry point {ep.value}{where}", factory, ep.module, opt_in)
+    return Entry(ep.name, f"entry point {ep.value}{where}", factory, ep.module, group)
 
 
 def entries() -> dict[str, Entry]:
     """Every known backend by name; a name claimed twice is an error naming both origins."""
     table: dict[str, Entry] = {}
     seen_values: dict[str, str] = {}
-    for group, opt_in in ((GROUP, False), (OPT_IN_GROUP, True)):
+    groups = [(GROUP, ""), *((group, word) for word, group in OPT_IN_GROUPS.items())]
+    for group, word in groups:
         for ep in metadata.entry_points(group=group):
             # One distribution can be visible twice on sys.path (editable + build dir); same target is fine.
             if seen_values.get(ep.name) == ep.value:
                 continue
-            _add(table, _entry_point(ep, opt_in))
+            _add(table, _entry_point(ep, word))
             seen_values[ep.name] = ep.value
     for entry in _registered.values():
         _add(table, entry)
@@ -116,17 +126,16 @@ def _add(table: dict[str, Entry], entry: Entry) -> None:
 
 
 def resolve(spec: str, table: dict[str, Entry]) -> list[str]:
-    """Turn a comma list of names and keywords (``all``: every backend but the opt-in ones;
-    ``frameworks``: the opt-in ones) into names; an unknown name gets the known ones and a guess."""
+    """Turn a comma list of names and keywords (``all``: every backend but the opt-in ones; an opt-in
+    group's word: its backends) into names; an unknown name gets the known ones and a guess."""
     words = [n.strip() for n in spec.split(",") if n.strip()]
     if not words:
         raise RegistryError(
-            f"--backend={spec!r} is not allowed; allowed: all, frameworks or a comma list of {list(table)}"
+            f"--backend={spec!r} is not allowed; allowed: {', '.join(KEYWORDS)} or a comma list of "
+            f"{list(table)}"
         )
-    keyword = {
-        "all": [n for n, e in table.items() if not e.opt_in],
-        "frameworks": [n for n, e in table.items() if e.opt_in],
-    }
+    keyword = {"all": [n for n, e in table.items() if not e.opt_in]}
+    keyword |= {word: [n for n, e in table.items() if e.group == word] for word in OPT_IN_GROUPS}
     names = [name for word in words for name in keyword.get(word, [word])]
     for name in names:
         if name not in table:

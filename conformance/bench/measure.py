@@ -240,6 +240,26 @@ def _measure(state: BenchState, benchmark: Any, run: Callable[[], None], device:
     benchmark.pedantic(run, setup=setup, rounds=plan.rounds, iterations=plan.iterations)
 
 
+def _device_timing(
+    prepared: Prepared, state: BenchState, timeout: float, what: str
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """The Prepared's optional ``device_timing()`` (the kernels' time apart from the host's; None where
+    there is no separate device). A failure is recorded with the benchmark, never raised: the wall
+    time stands on its own."""
+    measure = getattr(prepared, "device_timing", None)
+    if measure is None or state.config.disabled:
+        return None, None
+    try:
+        got = with_deadline(measure, timeout, what)
+    except Exception as exc:  # the adapter's failure, reported in its record
+        return None, f"{type(exc).__name__}: {exc}"
+    if got is not None and not isinstance(got, Mapping):
+        return None, f"device_timing() returned {type(got).__name__}, expected a mapping or None"
+    if got is not None and not isinstance(got.get("device_ms"), int | float):
+        return None, f"device_timing() gave device_ms={got.get('device_ms')!r}, expected a number of ms"
+    return got, None
+
+
 def median_s(benchmark: Any) -> float | None:
     stats = getattr(benchmark, "stats", None)
     return None if stats is None else float(stats.stats.median)
@@ -269,11 +289,14 @@ def run_case(
         with_deadline(run, timeout, what)  # the first call: warm-up (caches, lazy init), never timed
         info = _check_threads(name, prepared, state.config.threads)
         _measure(state, benchmark, run, caps.device)
+        device, device_error = _device_timing(prepared, state, timeout, what)
     traffic = bytemodel.traffic(case, check)
     median = median_s(benchmark)
     gbps = traffic.activations / median / 1e9 if median else None
     benchmark.extra_info.update(
         {
+            **timing.split(median, device, traffic.activations, roof),
+            **({"device_timing_error": device_error} if device_error else {}),
             "case_id": case.id,
             "backend": name,
             "check": check,

@@ -12,9 +12,10 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -119,3 +120,45 @@ class Roofline:
         """``gbps`` as a fraction of this roofline (None when either is unmeasured)."""
         roof = self.gbps
         return None if gbps is None or not roof else gbps / roof
+
+
+# What a record's device fields mean where the Prepared measures no device time apart from the call.
+NO_DEVICE = (
+    "none: no device apart from the host (a CPU call is its own computation); wall_ms is the whole call"
+)
+
+
+def split(
+    wall_s: float | None, device: Mapping[str, Any] | None, nbytes: int, roof: Roofline
+) -> dict[str, Any]:
+    """A benchmark's time split into the kernels' and the host's (docs/benchmarks.md): ``wall_ms`` (the
+    timed ``call(); synchronize()``), ``device_ms`` (the kernels alone, from the Prepared's
+    ``device_timing()``, None without one), ``host_ms`` = wall_ms - device_ms (negative only within
+    noise), ``launches`` and ``h2d_copies`` per call, and GB/s with its fraction of the session's copy
+    for the device time (``device_gbps``, ``device_roofline_fraction``; the wall time's are ``gbps`` and
+    ``roofline_fraction``)."""
+    wall_ms = None if wall_s is None else wall_s * 1e3
+    if device is None:
+        return {
+            "wall_ms": wall_ms,
+            "device_ms": None,
+            "host_ms": None,
+            "launches": None,
+            "h2d_copies": None,
+            "device_gbps": None,
+            "device_roofline_fraction": None,
+            "device_method": NO_DEVICE,
+        }
+    device_ms = float(device["device_ms"])
+    device_gbps = nbytes / (device_ms / 1e3) / 1e9 if device_ms > 0 else None
+    return {
+        "wall_ms": wall_ms,
+        "device_ms": device_ms,
+        "host_ms": None if wall_ms is None else wall_ms - device_ms,
+        "launches": device.get("launches"),
+        "h2d_copies": device.get("h2d_copies"),
+        "device_gbps": device_gbps,
+        "device_roofline_fraction": roof.fraction(device_gbps),
+        "device_method": str(device.get("device_method", "")),
+        **({"kernel_sum_ms": device["kernel_sum_ms"]} if "kernel_sum_ms" in device else {}),
+    }

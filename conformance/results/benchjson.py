@@ -38,6 +38,17 @@ class Benchmark:
     bytes: int | None
     gbps: float | None
     roofline_fraction: float | None
+    # The kernels alone and what a call launches and copies (GPU records, docs/benchmarks.md); None on
+    # the CPU and in files written before these fields.
+    device_ms: float | None = None
+    launches: float | None = None
+    h2d_copies: float | None = None
+    device_roofline_fraction: float | None = None
+
+    @property
+    def host_ms(self) -> float | None:
+        """Wall time minus the kernels' time: what the call spent on the host."""
+        return None if self.device_ms is None else self.median_s * 1e3 - self.device_ms
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -137,6 +148,12 @@ def _entry(where: str, entry: Any) -> Benchmark | Auxiliary:
         bytes=size,
         gbps=gbps,
         roofline_fraction=_optional(where, "roofline_fraction", extra.get("roofline_fraction")),
+        device_ms=_optional(where, "device_ms", extra.get("device_ms")),
+        launches=_optional(where, "launches", extra.get("launches")),
+        h2d_copies=_optional(where, "h2d_copies", extra.get("h2d_copies")),
+        device_roofline_fraction=_optional(
+            where, "device_roofline_fraction", extra.get("device_roofline_fraction")
+        ),
     )
 
 

@@ -62,6 +62,10 @@ class Speed:
     before_s: float
     after_s: float
     noise: float
+    # The kernels' time before and after where both runs measured it (GPU): says whether a change is the
+    # kernels' or the host's.
+    device_before_ms: float | None = None
+    device_after_ms: float | None = None
 
     @property
     def change(self) -> float:
@@ -180,7 +184,9 @@ def speed(
         before = base.get(k)
         if before is None or before.median_s <= 0:
             continue
-        change = Speed(*k, before.median_s, after.median_s, before.noise + after.noise)
+        change = Speed(
+            *k, before.median_s, after.median_s, before.noise + after.noise, before.device_ms, after.device_ms
+        )
         limit = max(t.speed, change.noise)
         if change.change > limit:
             slower.append(change)
@@ -266,7 +272,14 @@ def text(d: Diff, thresholds: Thresholds, limit: int = 50) -> list[str]:
 
 
 def _speed_line(s: Speed) -> str:
-    return (
+    line = (
         f"{s.backend} {s.case_id} [{s.check}]: median {s.before_s * 1e6:.4g} us -> {s.after_s * 1e6:.4g} us "
         f"({_pct(s.change)}, noise {s.noise:.0%})"
     )
+    if s.device_before_ms is not None and s.device_after_ms is not None:
+        host = (s.before_s * 1e3 - s.device_before_ms, s.after_s * 1e3 - s.device_after_ms)
+        line += (
+            f"; device {s.device_before_ms * 1e3:.4g} us -> {s.device_after_ms * 1e3:.4g} us, "
+            f"host {host[0] * 1e3:.4g} us -> {host[1] * 1e3:.4g} us"
+        )
+    return line

@@ -171,7 +171,9 @@ def test_resolve_against_an_empty_table():
 
 @pytest.mark.parametrize("spec", ["", " , ", ","])
 def test_resolve_empty_spec_is_an_error(spec):
-    with pytest.raises(RegistryError, match="is not allowed; allowed: all, frameworks or a comma list of"):
+    with pytest.raises(
+        RegistryError, match="is not allowed; allowed: all, frameworks, kernels or a comma list of"
+    ):
         resolve(spec, TABLE)
 
 
@@ -225,17 +227,20 @@ class Ok:
     name = "fake-ok"
 
 
-def test_framework_backends_are_opt_in() -> None:
-    """``all`` leaves the normconf.backends.frameworks entries out; ``frameworks`` selects them."""
+def test_framework_and_kernel_backends_are_opt_in() -> None:
+    """``all`` leaves the opt-in groups' entries out; each group's word selects its own."""
     from conformance.adapter import registry
 
     table = {
         "plain": registry.Entry("plain", "test", object),
-        "framework": registry.Entry("framework", "test", object, opt_in=True),
+        "framework": registry.Entry("framework", "test", object, group="frameworks"),
+        "kernel": registry.Entry("kernel", "test", object, group="kernels"),
     }
     assert registry.resolve("all", table) == ["plain"]
     assert registry.resolve("frameworks", table) == ["framework"]
+    assert registry.resolve("kernels", table) == ["kernel"]
     assert registry.resolve("all,frameworks", table) == ["plain", "framework"]
     assert registry.resolve("framework,plain", table) == ["framework", "plain"]
-    with pytest.raises(registry.RegistryError, match="not allowed"):
-        registry.register("frameworks")
+    for word in ("frameworks", "kernels"):
+        with pytest.raises(registry.RegistryError, match="not allowed"):
+            registry.register(word)

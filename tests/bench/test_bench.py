@@ -161,6 +161,70 @@ def test_a_backend_on_other_threads_fails(fakes: dict[str, Any]) -> None:
     assert "ran with threads=999; the session fixed 2" in fakes["done"].stdout
 
 
+@pytest.fixture(scope="module")
+def split(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One timed run over a CPU backend and the two fakes that answer device_timing()."""
+    out = tmp_path_factory.mktemp("split") / "bench.json"
+    done = bench(
+        "--benchmark-only", "--bench-profile", "tiny", "--op", "rms_norm", "--dtype", "float32",
+        "--backend", "fake-numpy,fake-device-timing,fake-device-timing-broken",
+        "--bench-time", "0.002", "--bench-copy-mib", "1", "--bench-threads", "1",
+        "--benchmark-json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [(b["stats"], b["extra_info"]) for b in json.loads(out.read_text())["benchmarks"]]
+    return {
+        name: [(stats, info) for stats, info in records if info.get("backend") == name]
+        for name in ("fake-numpy", "fake-device-timing", "fake-device-timing-broken")
+    }
+
+
+def test_records_split_wall_time_into_device_and_host(split: dict[str, Any]) -> None:
+    from fakes.bench import DEVICE
+
+    assert split["fake-device-timing"]
+    for stats, info in split["fake-device-timing"]:
+        assert info["wall_ms"] == pytest.approx(stats["median"] * 1e3)
+        assert info["device_ms"] == DEVICE["device_ms"] and info["device_method"] == "fake"
+        assert info["host_ms"] == pytest.approx(info["wall_ms"] - DEVICE["device_ms"])
+        assert (info["launches"], info["h2d_copies"], info["kernel_sum_ms"]) == (3.0, 0.0, 0.001)
+        assert info["device_gbps"] == pytest.approx(info["bytes"] / 1e-6 / 1e9)
+        assert info["device_roofline_fraction"] == pytest.approx(info["device_gbps"] / info["copy_gbps"])
+        assert info["roofline_fraction"] == pytest.approx(info["gbps"] / info["copy_gbps"])  # wall's
+
+
+def test_a_cpu_record_says_there_is_no_separate_device_time(split: dict[str, Any]) -> None:
+    from conformance.bench.timing import NO_DEVICE
+
+    assert split["fake-numpy"]
+    for stats, info in split["fake-numpy"]:
+        assert info["wall_ms"] == pytest.approx(stats["median"] * 1e3)
+        assert info["device_method"] == NO_DEVICE
+        fields = ("device_ms", "host_ms", "launches", "h2d_copies", "device_gbps", "device_roofline_fraction")
+        assert all(info[k] is None for k in fields)
+
+
+def test_a_failing_device_timing_is_recorded_beside_the_wall_time(split: dict[str, Any]) -> None:
+    assert split["fake-device-timing-broken"]
+    for _, info in split["fake-device-timing-broken"]:
+        assert info["device_timing_error"] == "RuntimeError: capture failed: the fake's stream was busy"
+        assert info["device_ms"] is None and info["wall_ms"] > 0 and info["gbps"] > 0
+
+
+def test_the_split_arithmetic() -> None:
+    from conformance.bench.timing import Roofline, split
+
+    roof = Roofline("cuda", "torch", nbytes=1_000_000, threads=1, median_s=1e-3)  # 2 GB/s
+    got = split(
+        0.002, {"device_ms": 0.5, "launches": 2, "h2d_copies": 1, "device_method": "m"}, 1_000_000, roof
+    )
+    assert got["wall_ms"] == 2.0 and got["device_ms"] == 0.5 and got["host_ms"] == 1.5
+    assert got["device_gbps"] == pytest.approx(2.0) and got["device_roofline_fraction"] == pytest.approx(1.0)
+    assert (got["launches"], got["h2d_copies"], got["device_method"]) == (2, 1, "m")
+    assert split(0.002, {"device_ms": 0.0}, 10, roof)["device_gbps"] is None
+    assert split(None, None, 10, roof)["wall_ms"] is None
+
+
 def test_interpreted_backends_are_not_timed_unless_asked(fakes: dict[str, Any], tmp_path: Path) -> None:
     assert "--bench-interpreted times it anyway" in fakes["done"].stdout
     backends = {b["extra_info"].get("backend") for b in fakes["json"]["benchmarks"]}

@@ -142,8 +142,9 @@ def _group_dweight(case: Case, x: torch.Tensor, w: torch.Tensor, dy: torch.Tenso
     )  # fmt: skip
     within = torch.empty(cpg, dtype=w.dtype, device=x.device)
     column_sum[(1,)](
-        dw_sum, within, n * groups, cpg, BLOCK_M=blocks.next_pow2(n * groups), BLOCK_N=blocks.next_pow2(cpg)
-    )
+        dw_sum, within, dw_sum, within, n * groups, cpg,
+        TWO=False, BLOCK_M=blocks.next_pow2(n * groups), BLOCK_N=blocks.next_pow2(cpg),
+    )  # fmt: skip
     return within.repeat(groups)
 
 

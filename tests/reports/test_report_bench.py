@@ -127,3 +127,43 @@ def test_speed_changes_count_only_beyond_the_noise():
     assert noisy == ([], [])  # 10% slower, but each run's IQR is 20% of its median
     slower, faster = diff.speed({key: b(10e-6, 0.1e-6)}, {key: b(5e-6, 0.1e-6)}, t)
     assert not slower and faster[0].change == pytest.approx(-0.5)
+
+
+def _with_device(tmp_path):
+    """bench_small.json with torch-nn's layer_norm forward (median 20 us) measured on a device too."""
+    data = json.loads(SMALL.read_text())
+    data["benchmarks"][1]["extra_info"].update(
+        device_ms=0.005, launches=3, h2d_copies=1, device_roofline_fraction=0.8, device_method="fake"
+    )
+    path = tmp_path / "device.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_device_fields_are_read_and_the_host_time_derived(tmp_path):
+    f = benchjson.read(_with_device(tmp_path))
+    nn = f.by_key()[("torch-nn", LN, "forward")]
+    assert (nn.device_ms, nn.launches, nn.h2d_copies, nn.device_roofline_fraction) == (0.005, 3, 1, 0.8)
+    assert nn.host_ms == pytest.approx(0.020 - 0.005)
+    other = f.by_key()[("torch-nn", LN, "backward")]
+    assert other.device_ms is None and other.host_ms is None  # a CPU record, or an older file
+
+
+def test_tables_and_compare_show_device_and_host_time(tmp_path):
+    records = [result("torch-nn", case(id=LN))]
+    loaded = runs.read_runs([write(tmp_path / "r.jsonl", records)])
+    t = bench.bench_table([benchjson.read(_with_device(tmp_path))], loaded, None)
+    cell = next(r for r in t.rows if r.case_id == LN and r.check == "forward").cells["torch-nn"]
+    assert cell.device_us == pytest.approx(5.0) and cell.host_us == pytest.approx(15.0)
+    assert (cell.launches, cell.h2d_copies) == (3, 1)
+
+    def b(median, device_ms):
+        return benchjson.Benchmark(
+            "n", LN, "torch-nn", "forward", median, 0.0, 0.0, median, 10, 100, 1.0, 0.1, device_ms
+        )
+
+    key = ("torch-nn", LN, "forward")
+    slower, _ = diff.speed({key: b(10e-6, 0.004)}, {key: b(20e-6, 0.005)}, diff.Thresholds(speed=0.05))
+    line = diff._speed_line(slower[0])
+    assert "median 10 us -> 20 us (+100%" in line
+    assert line.endswith("; device 4 us -> 5 us, host 6 us -> 15 us")

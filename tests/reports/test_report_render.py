@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -132,3 +133,16 @@ def test_rounding_section_says_when_nothing_was_judged(tmp_path):
     text = html.render(render.ReportInput(tuple(runs.read_runs([write(tmp_path / "run.jsonl", [record])]))))
     section = text[text.index('<section id="rounding">') :].split("</section>")[0]
     assert "1 half-precision comparison(s) recorded, none judged" in section and "<table" not in section
+
+
+def test_a_gpu_benchmark_shows_its_device_and_host_time(tmp_path):
+    data = json.loads(BENCH_SMALL.read_text())
+    data["benchmarks"][1]["extra_info"].update(device_ms=0.005, launches=3, h2d_copies=1)
+    path = tmp_path / "device.json"
+    path.write_text(json.dumps(data))
+    base = write(tmp_path / "base.jsonl", standard_records())
+    given = render.ReportInput(tuple(runs.read_runs([base])), (benchjson.read(path),), baseline="torch-eager")
+    text = html.render(given)
+    assert "device 5 · host 15 µs · 3 launches · 1 h2d</small>" in text
+    assert text.count('<small class="device"') == 1  # the CPU records have no device line
+    assert "; device 5 us + host 15 us, 3 launches, 1 h2d copies" in markdown.render(given)

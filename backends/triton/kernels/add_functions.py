@@ -20,7 +20,7 @@ mode.require_selected()
 
 import torch  # noqa: E402
 
-from backends.triton.kernels import launch  # noqa: E402
+from backends.triton.kernels import launch, ops  # noqa: E402
 
 
 def _stream_rows(
@@ -49,8 +49,8 @@ def _dy(dy: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype) -> torc
 
 def _handed_out(ctx: Any, grads: launch.Grads) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dresidual) shaped like x: h = x + residual passes dL/dh to both unchanged."""
-    dx = grads.dx.view(ctx.shape)
-    return dx, dx if grads.dres is None else grads.dres.view(ctx.shape)
+    dx = launch.shaped(grads.dx, ctx.shape)
+    return dx, dx if grads.dres is None else launch.shaped(grads.dres, ctx.shape)
 
 
 def _remember(ctx: Any, x: torch.Tensor, residual: torch.Tensor, pol: blocks.Policy) -> None:
@@ -80,7 +80,7 @@ class _AddLayerNorm(torch.autograd.Function):
         h, res = launch.saved_input(x2, stream, mean.dtype)
         ctx.save_for_backward(h, res, w, b_, mean, rstd)
         _remember(ctx, x, residual, pol)
-        return y.view(x.shape), stream.out.view(x.shape)
+        return launch.shaped(y, x.shape), launch.shaped(stream.out, x.shape)
 
     @staticmethod
     def backward(
@@ -114,7 +114,7 @@ class _AddRMSNorm(torch.autograd.Function):
         h, res = launch.saved_input(x2, stream, rstd.dtype)
         ctx.save_for_backward(h, res, w, consts, rstd)
         _remember(ctx, x, residual, pol)
-        return y.view(x.shape), stream.out.view(x.shape)
+        return launch.shaped(y, x.shape), launch.shaped(stream.out, x.shape)
 
     @staticmethod
     def backward(
@@ -139,9 +139,12 @@ def add_layer_norm(
     pol: blocks.Policy | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(LayerNorm(h), h) with h = x + residual stored in residual's dtype; the norm reads h as stored,
-    or with ``exact`` the unrounded sum."""
-    apply: Any = _AddLayerNorm.apply  # untyped in torch's stubs
-    y, h = apply(x, residual, weight, bias, tuple(normalized_shape), eps, exact, pol or launch.policy())
+    or with ``exact`` the unrounded sum. Under ``torch.compile``: the ``normconf::add_layer_norm``
+    operator (ops.py), with the device's policy."""
+    if torch.compiler.is_compiling():
+        return ops.add_layer_norm_y(x, residual, normalized_shape, weight, bias, eps, exact)
+    args = (x, residual, weight, bias, tuple(normalized_shape), eps, exact, pol or launch.policy())
+    y, h = launch.apply(_AddLayerNorm, *args)
     return y, h
 
 
@@ -157,10 +160,12 @@ def add_rms_norm(
     pol: blocks.Policy | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(h), h) with h = x + residual stored in residual's dtype, scale ``weight_offset + weight``;
-    the norm reads h as stored, or with ``exact`` the unrounded sum: the fused pre-norm residual step."""
-    apply: Any = _AddRMSNorm.apply  # untyped in torch's stubs
+    the norm reads h as stored, or with ``exact`` the unrounded sum: the fused pre-norm residual step.
+    Under ``torch.compile``: the ``normconf::add_rms_norm`` operator (ops.py), with the device's policy."""
+    if torch.compiler.is_compiling():
+        return ops.add_rms_norm_y(x, residual, normalized_shape, weight, eps, weight_offset, exact)
     args = (x, residual, weight, tuple(normalized_shape), eps, weight_offset, exact, pol or launch.policy())
-    y, h = apply(*args)
+    y, h = launch.apply(_AddRMSNorm, *args)
     return y, h
 
 

@@ -5,6 +5,7 @@ Pure Python (no Triton import), so the choices are unit-tested and recorded in e
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 # One column chunk holds at most 4096 lanes. At 8 warps that is 16 float32 values per thread per live
@@ -123,6 +124,7 @@ def _tile(n_rows: int, n_cols: int, policy: Policy, wide: bool) -> tuple[int, in
     return block_m, block_n, cdiv(n_cols, block_n)
 
 
+@functools.lru_cache(maxsize=4096)  # per call of every launch: the same few shapes
 def forward(n_rows: int, n_cols: int, policy: Policy, *, wide: bool = False) -> Blocks:
     """Forward: one program per tile of rows. ``wide``: statistics accumulate in float64."""
     block_m, block_n, chunks = _tile(n_rows, n_cols, policy, wide)
@@ -130,6 +132,7 @@ def forward(n_rows: int, n_cols: int, policy: Policy, *, wide: bool = False) -> 
     return Blocks(block_m, block_n, chunks, n_warps, cdiv(n_rows, block_m), policy.max_registers)
 
 
+@functools.lru_cache(maxsize=4096)  # per call of every launch: the same few shapes
 def backward(n_rows: int, n_cols: int, policy: Policy, *, wide: bool = False) -> Blocks:
     """Backward: at most ``max_programs`` programs, each striding over tiles and keeping its own
     dweight/dbias partial row, so the second reduction adds them in a fixed order (same bits)."""
@@ -139,6 +142,7 @@ def backward(n_rows: int, n_cols: int, policy: Policy, *, wide: bool = False) ->
     return Blocks(block_m, block_n, chunks, n_warps, programs, policy.max_registers)
 
 
+@functools.lru_cache(maxsize=4096)  # per call of every launch: the same few shapes
 def column_sum(n_parts: int, n_cols: int, policy: Policy) -> Blocks:
     """The second reduction over the partial buffer: 64 partial rows x 128 columns per step, one
     program per 128 columns; it reads programs x n_cols floats, so it is never the bottleneck."""
@@ -150,6 +154,7 @@ def column_sum(n_parts: int, n_cols: int, policy: Policy) -> Blocks:
     )
 
 
+@functools.lru_cache(maxsize=4096)  # per call of every launch: the same few shapes
 def channels(n_channels: int, policy: Policy) -> Blocks:
     """InstanceNorm's running update: one lane per channel, up to 1024 channels per program, each lane
     looping over the samples; it reads N x C statistics once, so one wide tile per program suffices."""

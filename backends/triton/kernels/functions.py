@@ -18,7 +18,7 @@ mode.require_selected()
 
 import torch  # noqa: E402
 
-from backends.triton.kernels import launch  # noqa: E402
+from backends.triton.kernels import launch, launcher, ops  # noqa: E402
 from backends.triton.kernels.add_functions import add_layer_norm as add_layer_norm  # noqa: E402
 from backends.triton.kernels.add_functions import add_layer_norm_ as add_layer_norm_  # noqa: E402
 from backends.triton.kernels.add_functions import add_rms_norm as add_rms_norm  # noqa: E402
@@ -33,7 +33,6 @@ from backends.triton.kernels.launch import (  # noqa: E402
     acc_dtype,
     launch_options,
     policy,
-    reduce,
     scalars,
     tile_options,
     tl_dtype,
@@ -71,7 +70,7 @@ class _LayerNorm(torch.autograd.Function):
         mean, rstd = launch.layer_norm_forward(x2, w, b_, eps, pol, y)
         ctx.save_for_backward(x2, w, b_, mean, rstd)
         ctx.pol, ctx.shape = pol, x.shape
-        return y.view(x.shape)
+        return launch.shaped(y, x.shape)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -82,7 +81,7 @@ class _LayerNorm(torch.autograd.Function):
         dw, db = launch.layer_norm_backward(
             (x2, None), w, b_, (mean, rstd), dy2, launch.Grads(dx), want, ctx.pol
         )
-        return dx.view(ctx.shape), dw, db, None, None, None
+        return launch.shaped(dx, ctx.shape), dw, db, None, None, None
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -102,7 +101,7 @@ class _RMSNorm(torch.autograd.Function):
         rstd, consts = launch.rms_forward(x2, w, eps, offset, pol, y)
         ctx.save_for_backward(x2, w, consts, rstd)
         ctx.pol, ctx.shape = pol, x.shape
-        return y.view(x.shape)
+        return launch.shaped(y, x.shape)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -111,7 +110,7 @@ class _RMSNorm(torch.autograd.Function):
         dy2 = dy.reshape(x2.shape).contiguous()
         grads = launch.Grads(dx)
         dw = launch.rms_backward((x2, None), w, consts, rstd, dy2, grads, ctx.needs_input_grad[1], ctx.pol)
-        return dx.view(ctx.shape), dw, None, None, None, None
+        return launch.shaped(dx, ctx.shape), dw, None, None, None, None
 
 
 class _GroupNorm(torch.autograd.Function):
@@ -147,7 +146,8 @@ class _GroupNorm(torch.autograd.Function):
         rm = x2 if running_mean is None else running_mean
         rv = x2 if running_var is None else running_var
         b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
-        group_norm_fwd[(b.programs,)](
+        launcher.launch(
+            group_norm_fwd, b.programs,
             x2, x2 if w is None else w, x2 if b_ is None else b_, rm, rv, consts, y, mean, rstd, var,
             n_rows, n_cols, spatial, cpg, groups,
             HAS_W=w is not None, HAS_B=b_ is not None, GIVEN_STATS=given, SAVE_VAR=update, ACC=tl_dtype(acc),
@@ -156,14 +156,15 @@ class _GroupNorm(torch.autograd.Function):
         if update:
             # G = C here: the group rows are the (sample, channel) instances, [N, C] in memory.
             u = blocks.channels(channels, pol)
-            running_update[(u.programs,)](
+            launcher.launch(
+                running_update, u.programs,
                 mean, var, consts, rm, rv, n, channels,
                 ACC=tl_dtype(acc), BLOCK_N=u.block_n, **launch.warp_options(u),
             )  # fmt: skip
         ctx.save_for_backward(x2, w, mean, rstd)
         ctx.pol, ctx.shape, ctx.bias, ctx.given = pol, x.shape, b_, given
         ctx.dims = (n, channels, spatial, groups)
-        return y.view(x.shape)
+        return launch.shaped(y, x.shape)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -181,7 +182,8 @@ class _GroupNorm(torch.autograd.Function):
             dw_sum = torch.empty(n * channels, dtype=acc, device=x2.device)
             db_sum = torch.empty(n * channels, dtype=acc, device=x2.device)
             b = blocks.forward(n * channels, spatial, ctx.pol, wide=acc == torch.float64)
-            channel_sums[(b.programs,)](
+            launcher.launch(
+                channel_sums, b.programs,
                 x2, dy2, mean, rstd, dw_sum, db_sum, n * channels, spatial, cpg,
                 ACC=tl_dtype(acc), **tile_options(b),
             )  # fmt: skip
@@ -190,14 +192,16 @@ class _GroupNorm(torch.autograd.Function):
             dx = torch.empty_like(x2)
             (n_rows, n_cols) = x2.shape
             b = blocks.forward(n_rows, n_cols, ctx.pol, wide=acc == torch.float64)
-            group_norm_dx[(b.programs,)](
+            launcher.launch(
+                group_norm_dx, b.programs,
                 x2, x2 if w is None else w, dy2, mean, rstd, dw_sum, db_sum, dx,
                 n_rows, n_cols, spatial, cpg, groups,
                 HAS_W=w is not None, GIVEN_STATS=ctx.given, ACC=tl_dtype(acc), **tile_options(b),
             )  # fmt: skip
-            dx = dx.view(ctx.shape)
-        dw = reduce(dw_sum.view(n, channels), w, ctx.pol) if want_dw else None
-        db = reduce(db_sum.view(n, channels), ctx.bias, ctx.pol) if want_db else None
+            dx = launch.shaped(dx, ctx.shape)
+        dw, db = launch.sums(
+            ((want_dw, dw_sum.view(n, channels), w), (want_db, db_sum.view(n, channels), ctx.bias)), ctx.pol
+        )
         return (dx, dw, db) + (None,) * 7
 
 
@@ -210,10 +214,14 @@ def layer_norm(
     eps: float,
     pol: blocks.Policy | None = None,
 ) -> torch.Tensor:
-    """LayerNorm over the trailing ``normalized_shape`` dims (biased variance, eps inside the root)."""
+    """LayerNorm over the trailing ``normalized_shape`` dims (biased variance, eps inside the root).
+    Under ``torch.compile``: the ``normconf::layer_norm`` operator (ops.py), with the device's policy."""
+    if torch.compiler.is_compiling():
+        return ops.layer_norm_y(x, normalized_shape, weight, bias, eps)
     # Function.apply is untyped in torch's stubs; the annotation states what it returns.
-    apply: Any = _LayerNorm.apply
-    out: torch.Tensor = apply(x, weight, bias, tuple(normalized_shape), eps, pol or policy())
+    out: torch.Tensor = launch.apply(
+        _LayerNorm, x, weight, bias, tuple(normalized_shape), eps, pol or policy()
+    )
     return out
 
 
@@ -226,9 +234,12 @@ def rms_norm(
     weight_offset: float = 0.0,
     pol: blocks.Policy | None = None,
 ) -> torch.Tensor:
-    """RMSNorm with scale ``weight_offset + weight`` (Gemma: 1.0) and eps inside the root."""
-    apply: Any = _RMSNorm.apply  # untyped in torch's stubs
-    out: torch.Tensor = apply(x, weight, tuple(normalized_shape), eps, weight_offset, pol or policy())
+    """RMSNorm with scale ``weight_offset + weight`` (Gemma: 1.0) and eps inside the root. Under
+    ``torch.compile``: the ``normconf::rms_norm`` operator (ops.py), with the device's policy."""
+    if torch.compiler.is_compiling():
+        return ops.rms_norm_y(x, normalized_shape, weight, eps, weight_offset)
+    args = (x, weight, tuple(normalized_shape), eps, weight_offset, pol or policy())
+    out: torch.Tensor = launch.apply(_RMSNorm, *args)
     return out
 
 
@@ -256,8 +267,8 @@ def group_norm(
             f"num_groups={num_groups} must divide C of x (N, C, spatial...): got {tuple(x.shape)}"
         )
     _check_params(x, weight, bias)
-    apply: Any = _GroupNorm.apply  # untyped in torch's stubs
-    out: torch.Tensor = apply(x, weight, bias, None, None, num_groups, True, 0.0, eps, pol or policy())
+    args = (x, weight, bias, None, None, num_groups, True, 0.0, eps, pol or policy())
+    out: torch.Tensor = launch.apply(_GroupNorm, *args)
     return out
 
 
@@ -285,8 +296,8 @@ def instance_norm(
     if (running_mean is None) != (running_var is None) or (not use_input_stats and running_mean is None):
         raise ValueError("running_mean and running_var come together, and use_input_stats=False needs them")
     _check_params(x, weight, bias, running_mean, running_var)
-    apply: Any = _GroupNorm.apply  # untyped in torch's stubs
-    out: torch.Tensor = apply(
+    out: torch.Tensor = launch.apply(
+        _GroupNorm,
         x,
         weight,
         bias,

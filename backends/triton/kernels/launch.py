@@ -8,12 +8,15 @@ serves an out-of-place call and an in-place one (y into x, residual_out into res
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from backends.triton.kernels import blocks, mode
+from backends.triton.kernels.launcher import launch
 
 mode.require_selected()
 
@@ -29,10 +32,35 @@ def policy() -> blocks.Policy:
     """The launch policy of this machine: the interpreter's, or the current GPU's."""
     if mode.select().interpreted:
         return blocks.INTERPRETED
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return _native_policy(torch.cuda.current_device())
+
+
+@functools.cache
+def _native_policy(device: int) -> blocks.Policy:
+    # Once per device: a call that leaves the policy to this module does not query the device each time.
+    props = torch.cuda.get_device_properties(device)
     # ROCm builds of torch report HIP devices through torch.cuda too: the register bound is NVIDIA's.
     registers = blocks.NVIDIA_MAX_REGISTERS if torch.version.hip is None else None
     return blocks.native_policy(props.multi_processor_count, registers)
+
+
+class _Untracked:
+    """The ctx of a forward run outside autograd: what it saves for a backward is dropped."""
+
+    def save_for_backward(self, *tensors: torch.Tensor | None) -> None:
+        pass
+
+    def set_materialize_grads(self, value: bool) -> None:
+        pass
+
+
+def apply(function: type[torch.autograd.Function], *args: Any) -> Any:
+    """``function.apply(*args)``, or its forward alone where nothing will need a gradient (grad mode off,
+    or no tensor argument requires one): autograd's bookkeeping costs ~10 µs of host time a call, more
+    than a decode-shape kernel takes on a GPU."""
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return function.apply(*args)  # type: ignore[no-untyped-call]  # untyped in torch's stubs
+    return function.forward(_Untracked(), *args)
 
 
 def acc_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
@@ -46,9 +74,20 @@ def tl_dtype(dtype: torch.dtype) -> Any:
 
 
 def scalars(eps: float, second: float, acc: torch.dtype, device: torch.device) -> torch.Tensor:
-    # A tensor, not kernel scalars: Triton passes Python floats as float32, and a float64 run needs
-    # eps and the second scalar (RMSNorm's weight offset, InstanceNorm's momentum) exactly as given.
-    return torch.tensor([eps, second], dtype=acc, device=device)
+    """eps and the second scalar (RMSNorm's weight offset, InstanceNorm's momentum) as a [2] tensor of
+    ``acc`` on ``device``, made once per distinct value and kept: read-only for every kernel.
+
+    A tensor, not kernel scalars: Triton passes Python floats as float32, and a float64 run needs them
+    exactly as given. Kept, because making it is a host-to-device copy from pageable memory, which
+    synchronizes the stream: per call it cost more than the kernels at small shapes. The first call with
+    new values must therefore not be inside a CUDA graph capture (warm up first, as any capture does).
+    Keyed by the values' bits, so that -0.0 and NaN payloads keep their own tensors."""
+    return _scalars(float(eps).hex(), float(second).hex(), acc, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _scalars(eps: str, second: str, acc: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor([float.fromhex(eps), float.fromhex(second)], dtype=acc, device=device)
 
 
 def rows(x: torch.Tensor, normalized_shape: Sequence[int]) -> torch.Tensor:
@@ -58,24 +97,50 @@ def rows(x: torch.Tensor, normalized_shape: Sequence[int]) -> torch.Tensor:
         raise ValueError(
             f"x of shape {tuple(x.shape)} does not end in normalized_shape={tuple(normalized_shape)}"
         )
+    if x.ndim == 2 and len(normalized_shape) == 1 and x.is_contiguous():
+        return x  # already [n_rows, n_cols]: no view to make (each costs host time)
     return x.reshape(-1, n_cols).contiguous()
 
 
-def reduce(part: torch.Tensor, like: torch.Tensor, pol: blocks.Policy) -> torch.Tensor:
-    """Sum the partial rows [programs, n_cols] into a tensor shaped and typed like ``like``."""
-    out = torch.empty(like.shape, dtype=like.dtype, device=like.device)
-    b = blocks.column_sum(part.shape[0], part.shape[1], pol)
-    column_sum[(b.programs,)](part, out, part.shape[0], part.shape[1], **tile_options(b))
-    return out
+def shaped(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``t`` viewed as ``shape``, or ``t`` itself when it has that shape already."""
+    return t if t.shape == shape else t.view(shape)
 
 
-def launch_options(b: blocks.Blocks) -> dict[str, Any]:
-    return tile_options(b) | {"ONE_CHUNK": b.one_chunk}
+def reduce(
+    parts: Sequence[tuple[torch.Tensor, torch.Tensor]], pol: blocks.Policy
+) -> tuple[torch.Tensor, ...]:
+    """Sum each (partial rows [programs, n_cols], like) into a tensor shaped and typed like ``like`` (a
+    parameter: contiguous): one launch for up to two partial buffers of one shape (dweight and dbias),
+    none for no buffer."""
+    if not parts:
+        return ()
+    first, like = parts[0]
+    outs: tuple[torch.Tensor, ...] = (torch.empty_like(like),)
+    second, out2 = first, outs[0]
+    if len(parts) == 2 and parts[1][0].shape == first.shape:
+        second, out2 = parts[1][0], torch.empty_like(parts[1][1])
+        outs = (outs[0], out2)
+    elif len(parts) != 1:
+        raise ValueError(f"one reduction takes one or two partial buffers of one shape: got {len(parts)}")
+    b = blocks.column_sum(first.shape[0], first.shape[1], pol)
+    launch(
+        column_sum, b.programs, first, outs[0], second, out2, first.shape[0], first.shape[1],
+        TWO=len(parts) == 2, **tile_options(b),
+    )  # fmt: skip
+    return outs
 
 
-def tile_options(b: blocks.Blocks) -> dict[str, Any]:
+# Made once per launch shape (read-only): every launch of a shape passes the same options.
+@functools.lru_cache(maxsize=4096)
+def launch_options(b: blocks.Blocks) -> Mapping[str, Any]:
+    return MappingProxyType({**tile_options(b), "ONE_CHUNK": b.one_chunk})
+
+
+@functools.lru_cache(maxsize=4096)
+def tile_options(b: blocks.Blocks) -> Mapping[str, Any]:
     """Launch options of the kernels that loop over every chunk whatever the row length."""
-    return {"BLOCK_M": b.block_m, "BLOCK_N": b.block_n, **warp_options(b)}
+    return MappingProxyType({"BLOCK_M": b.block_m, "BLOCK_N": b.block_n, **warp_options(b)})
 
 
 def warp_options(b: blocks.Blocks) -> dict[str, Any]:
@@ -86,8 +151,19 @@ def warp_options(b: blocks.Blocks) -> dict[str, Any]:
 
 
 def partial(want: bool, b: blocks.Blocks, n_cols: int, acc: torch.dtype, dummy: torch.Tensor) -> torch.Tensor:
-    # Zeroed: a multi-chunk program adds each tile into its row; the dummy is never touched.
-    return torch.zeros((b.programs, n_cols), dtype=acc, device=dummy.device) if want else dummy
+    # Not zeroed (a fill would be one more launch): every program has at least one tile and writes its
+    # row at its first; the dummy is never touched.
+    return torch.empty((b.programs, n_cols), dtype=acc, device=dummy.device) if want else dummy
+
+
+def sums(
+    pairs: Sequence[tuple[bool, torch.Tensor, torch.Tensor | None]], pol: blocks.Policy
+) -> tuple[torch.Tensor | None, ...]:
+    """Per (wanted, partial buffer, parameter): the parameter's gradient reduced from the buffer, or None
+    where not wanted; the wanted ones in one launch."""
+    wanted = [(part, like) for want, part, like in pairs if want and like is not None]
+    done = iter(reduce(wanted, pol))
+    return tuple(next(done) if want and like is not None else None for want, _, like in pairs)
 
 
 @dataclass(frozen=True)
@@ -146,7 +222,8 @@ def layer_norm_forward(
     rstd = torch.empty(n_rows, dtype=acc, device=x2.device)
     b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
     res, out = (x2, y) if stream is None else (stream.residual, stream.out)
-    layer_norm_fwd[(b.programs,)](
+    launch(
+        layer_norm_fwd, b.programs,
         x2, res, x2 if w is None else w, x2 if b_ is None else b_, scalars(eps, 0.0, acc, x2.device),
         y, out, mean, rstd, n_rows, n_cols,
         HAS_RES=stream is not None, EXACT=stream is not None and stream.exact, HAS_W=w is not None,
@@ -173,14 +250,14 @@ def layer_norm_backward(
     dw_part = partial(want_dw, b, n_cols, mean.dtype, mean)
     db_part = partial(want_db, b, n_cols, mean.dtype, mean)
     (dx, dres_out, dres), flags = grads.kernel_args()
-    layer_norm_bwd[(b.programs,)](
+    launch(
+        layer_norm_bwd, b.programs,
         h, h if res is None else res, h if w is None else w, dy, dres_out, mean, rstd, dx, dres,
         dw_part, db_part, n_rows, n_cols,
         SUM=res is not None, **flags, HAS_W=w is not None, WANT_DW=want_dw, WANT_DB=want_db,
         ACC=tl_dtype(mean.dtype), **launch_options(b),
     )  # fmt: skip
-    dw = reduce(dw_part, w, pol) if want_dw and w is not None else None
-    db = reduce(db_part, bias, pol) if want_db and bias is not None else None
+    dw, db = sums(((want_dw, dw_part, w), (want_db, db_part, bias)), pol)
     return dw, db
 
 
@@ -200,7 +277,8 @@ def rms_forward(
     consts = scalars(eps, offset, acc, x2.device)
     b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
     res, out = (x2, y) if stream is None else (stream.residual, stream.out)
-    rms_norm_fwd[(b.programs,)](
+    launch(
+        rms_norm_fwd, b.programs,
         x2, res, x2 if w is None else w, consts, y, out, rstd, n_rows, n_cols,
         HAS_RES=stream is not None, EXACT=stream is not None and stream.exact, HAS_W=w is not None,
         ACC=tl_dtype(acc), **launch_options(b),
@@ -225,10 +303,12 @@ def rms_backward(
     b = blocks.backward(n_rows, n_cols, pol, wide=rstd.dtype == torch.float64)
     dw_part = partial(want_dw, b, n_cols, rstd.dtype, rstd)
     (dx, dres_out, dres), flags = grads.kernel_args()
-    rms_norm_bwd[(b.programs,)](
+    launch(
+        rms_norm_bwd, b.programs,
         h, h if res is None else res, h if w is None else w, consts, dy, dres_out, rstd, dx, dres,
         dw_part, n_rows, n_cols,
         SUM=res is not None, **flags, HAS_W=w is not None, WANT_DW=want_dw, ACC=tl_dtype(rstd.dtype),
         **launch_options(b),
     )  # fmt: skip
-    return reduce(dw_part, w, pol) if want_dw and w is not None else None
+    (dw,) = sums(((want_dw, dw_part, w),), pol)
+    return dw

@@ -132,8 +132,8 @@ def layer_norm_bwd(
     RSTD,  # [n_rows] ACC, from the forward
     DX,  # [n_rows, n_cols] output: dL/dx (for the add op dL/dh), activation dtype
     DRES,  # [n_rows, n_cols] output: dL/dresidual = dL/dh, stream dtype (written only if OWN_DRES)
-    DW_PART,  # [programs, n_cols] ACC, zeroed: row p = this program's sum of dy * xhat
-    DB_PART,  # [programs, n_cols] ACC, zeroed: row p = this program's sum of dy
+    DW_PART,  # [programs, n_cols] ACC, uninitialized: row p = this program's sum of dy * xhat
+    DB_PART,  # [programs, n_cols] ACC, uninitialized: row p = this program's sum of dy
     n_rows,  # M
     n_cols,  # N
     SUM: tl.constexpr,  # the normalized input is H + RES (the exact sum, not saved)
@@ -191,11 +191,14 @@ def layer_norm_bwd(
                 dx = (g - c2[:, None] - xhat * c1[:, None]) * rstd[:, None]
                 store_grads(DX, DRES_OUT, DRES, base + cols[None, :], ok, dx, HAS_DRES_OUT, OWN_DRES, ACC)
                 col_ok = cols < n_cols
+                # The program's first tile (tile == pid) starts its row: nothing to read yet (a vector
+                # mask: the interpreter cannot combine a scalar condition into one).
+                read = col_ok & (cols * 0 + tile != pid)
                 if WANT_DW:
-                    acc = tl.load(DW_PART + part + cols, mask=col_ok, other=0.0)
+                    acc = tl.load(DW_PART + part + cols, mask=read, other=0.0)
                     tl.store(DW_PART + part + cols, acc + add_up(dy * xhat, 0), mask=col_ok)
                 if WANT_DB:
-                    acc = tl.load(DB_PART + part + cols, mask=col_ok, other=0.0)
+                    acc = tl.load(DB_PART + part + cols, mask=read, other=0.0)
                     tl.store(DB_PART + part + cols, acc + add_up(dy, 0), mask=col_ok)
             # The next tile re-reads this program's partial row, possibly from other threads.
             tl.debug_barrier()

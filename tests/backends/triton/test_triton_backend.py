@@ -308,3 +308,9 @@ def test_kernels_call_only_triton_builtins():
                     for attr in reversed(chain):
                         obj = getattr(obj, attr)
                     assert tl.core.is_builtin(obj), f"{name}.py calls tl.{'.'.join(reversed(chain))}"
+
+
+def test_triton_graph_is_unavailable_without_cuda_with_the_reason():
+    # Its calls replay a CUDA graph: here, where the kernels run interpreted, there is none to capture.
+    with pytest.raises(BackendUnavailable, match="replays CUDA graphs: needs a CUDA device"):
+        triton_backend.TritonGraphBackend().capabilities()

@@ -1,0 +1,1 @@
+"""Adapters of Liger-Kernel norm modules (the opt-in ``kernels`` group)."""

@@ -1,0 +1,138 @@
+"""The host side of the triton backend's calls (backends/triton/kernels/host.py): what one call launches,
+copies and allocates, pinned for the benchmark's cases (counts, not times: those are benchmarks), the
+broken host paths of tests/fakes/triton_host.py caught, and the pieces that make the path short: dweight
+partial buffers left uninitialized, the scalars kept, autograd skipped where nothing needs a gradient."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from backends.triton.kernels import host, mode
+
+mode.select()
+
+import torch  # noqa: E402
+
+from backends.triton.kernels import blocks, launch  # noqa: E402
+from backends.triton.kernels import functions as F  # noqa: E402
+
+from fakes import triton_host  # noqa: E402
+
+KERNELS = {
+    "layer_norm": ("layer_norm_fwd", "layer_norm_bwd"),
+    "rms_norm": ("rms_norm_fwd", "rms_norm_bwd"),
+    "add_rms_norm": ("rms_norm_fwd", "rms_norm_bwd"),
+    "add_layer_norm": ("layer_norm_fwd", "layer_norm_bwd"),
+}
+# Per op: activation-shaped outputs of the forward (y, and residual_out for the add ops), statistics
+# saved for the backward (mean and rstd, or rstd), and parameters with a gradient.
+OUTPUTS = {
+    "layer_norm": (1, 2, 2),
+    "rms_norm": (1, 1, 1),
+    "add_rms_norm": (2, 1, 1),
+    "add_layer_norm": (2, 2, 2),
+}
+
+
+def _kinds(allocations: tuple[str, ...], shape: tuple[int, int]) -> dict[str, int]:
+    """Each allocation named by its shape: activation [rows, cols], statistics [rows] float32, parameter
+    gradient [cols], partial buffer [programs, cols] float32 (anything else is 'other: ...')."""
+    rows, cols = shape
+    programs = blocks.backward(rows, cols, host.GPU_POLICY).programs
+    names = {
+        f"[{rows}, {cols}] bfloat16": "activation",
+        f"[{rows}] float32": "statistics",
+        f"[{cols}] bfloat16": "parameter",
+        f"[{programs}, {cols}] float32": "partial",
+    }
+    kinds: dict[str, int] = {}
+    for allocation in allocations:
+        described = allocation.split(" ", 1)[1]
+        kind = names.get(described, f"other: {allocation}")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("op", host.OPS)
+@pytest.mark.parametrize("shape", list(host.SHAPES))
+def test_a_call_launches_its_kernels_and_allocates_only_outputs_and_partials(shape, op, grad):
+    seen = host.census(host.prepared(host.case(op, shape), grad=grad))
+    forward, backward = KERNELS[op]
+    # The forward in one launch; the backward in two: the row kernel, then dweight and dbias together.
+    assert seen.launches == ((forward, backward, "column_sum") if grad else (forward,))
+    assert seen.h2d_copies == ()
+    assert seen.torch_kernels == ()
+    activations, statistics, params = OUTPUTS[op]
+    want = {"activation": activations + (1 if grad else 0), "statistics": statistics}  # + dx
+    if grad:
+        want |= {"parameter": params, "partial": params}
+    assert _kinds(seen.allocations, host.SHAPES[shape]) == want
+
+
+@pytest.mark.parametrize(
+    ("name", "broken", "op", "caught"),
+    [
+        ("scalars", triton_host.uncached_scalars, "rms_norm", lambda c: c.h2d_copies == ("tensor",)),
+        ("partial", triton_host.zeroed_partial, "layer_norm", lambda c: c.torch_kernels == ("zeros",) * 2),
+        ("reduce", triton_host.reduction_per_buffer, "layer_norm", lambda c: len(c.launches) == 4),
+    ],
+    ids=["uncached-scalars", "zeroed-partials", "reduction-per-buffer"],
+)
+def test_the_census_catches_broken_host_paths(monkeypatch, name, broken, op, caught):
+    call = host.prepared(host.case(op, "32x4096"), grad=True)
+    assert not caught(host.census(call))
+    monkeypatch.setattr(launch, name, broken)
+    assert caught(host.census(call))
+
+
+def test_partial_buffers_full_of_nan_give_the_right_gradients(monkeypatch):
+    # The backward never reads a partial row before writing it: buffers of NaN (what uninitialized
+    # memory may hold) change nothing. Rows of 200 in chunks of 64, 3 programs over 37 rows: several
+    # tiles a program and several chunks a row, the path that adds into the row.
+    def nan_partial(want, b, n_cols, acc, dummy):
+        return torch.full((b.programs, n_cols), math.nan, dtype=acc) if want else dummy
+
+    monkeypatch.setattr(launch, "partial", nan_partial)
+    pol = blocks.Policy(max_block_n=64, tile=128, max_programs=3)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 200, dtype=torch.float64, generator=gen, requires_grad=True)
+    w = torch.randn(200, dtype=torch.float64, generator=gen, requires_grad=True)
+    b = torch.randn(200, dtype=torch.float64, generator=gen, requires_grad=True)
+    dy = torch.randn(37, 200, dtype=torch.float64, generator=gen)
+    got = torch.autograd.grad(F.layer_norm(x, (200,), w, b, eps=1e-5, pol=pol), (x, w, b), dy)
+    want = torch.autograd.grad(torch.nn.functional.layer_norm(x, (200,), w, b, 1e-5), (x, w, b), dy)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+    got = torch.autograd.grad(F.rms_norm(x, (200,), w, eps=1e-5, pol=pol), (x, w), dy)
+    want = torch.autograd.grad(torch.nn.functional.rms_norm(x, (200,), w, 1e-5), (x, w), dy)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+
+
+def test_the_scalars_are_made_once_per_value():
+    cpu = torch.device("cpu")
+    first = launch.scalars(1e-5, 0.0, torch.float64, cpu)
+    assert launch.scalars(1e-5, 0.0, torch.float64, cpu) is first
+    assert first.tolist() == [1e-5, 0.0]
+    # Bits, not equality: -0.0 keeps its sign, NaN finds its own tensor again.
+    negative = launch.scalars(1e-5, -0.0, torch.float64, cpu)
+    assert negative is not first and math.copysign(1.0, negative[1].item()) == -1.0
+    nan = launch.scalars(math.nan, 1.0, torch.float32, cpu)
+    assert launch.scalars(math.nan, 1.0, torch.float32, cpu) is nan
+    assert launch.scalars(1e-5, 0.0, torch.float32, cpu).dtype == torch.float32
+
+
+def test_autograd_is_skipped_only_where_nothing_needs_a_gradient():
+    x, w = torch.randn(4, 16), torch.randn(16)
+    pol = blocks.Policy(max_block_n=16, tile=64, max_programs=2)
+    plain = F.rms_norm(x, (16,), w, eps=1e-6, pol=pol)
+    assert plain.grad_fn is None
+    w.requires_grad_(True)
+    tracked = F.rms_norm(x, (16,), w, eps=1e-6, pol=pol)
+    assert tracked.grad_fn is not None and type(tracked.grad_fn).__name__.startswith("_RMSNorm")
+    torch.testing.assert_close(tracked.detach(), plain, rtol=0, atol=0)
+    with torch.no_grad():
+        assert F.rms_norm(x, (16,), w, eps=1e-6, pol=pol).grad_fn is None

@@ -1,0 +1,36 @@
+"""Broken host paths of the triton backend that the host census (backends/triton/kernels/host.py) must
+catch, each as the function it replaces in backends/triton/kernels/launch.py:
+
+- ``uncached_scalars`` (for ``launch.scalars``): eps and the second scalar made into a device tensor
+  on every call, a synchronous host-to-device copy from pageable memory per launch.
+- ``zeroed_partial`` (for ``launch.partial``): the dweight/dbias partial buffers zero-filled, one torch
+  fill kernel per buffer before the backward.
+- ``reduction_per_buffer`` (for ``launch.reduce``): dweight and dbias reduced in a launch each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from backends.triton.kernels import blocks, launch
+
+
+def uncached_scalars(eps: float, second: float, acc: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor([eps, second], dtype=acc, device=device)
+
+
+def zeroed_partial(
+    want: bool, b: blocks.Blocks, n_cols: int, acc: torch.dtype, dummy: torch.Tensor
+) -> torch.Tensor:
+    return torch.zeros((b.programs, n_cols), dtype=acc, device=dummy.device) if want else dummy
+
+
+REAL_REDUCE = launch.reduce
+
+
+def reduction_per_buffer(
+    parts: Sequence[tuple[torch.Tensor, torch.Tensor]], pol: blocks.Policy
+) -> tuple[torch.Tensor, ...]:
+    return tuple(out for part in parts for out in REAL_REDUCE([part], pol))
