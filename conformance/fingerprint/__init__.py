@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from conformance.adapter.backend import Backend, Capabilities, Inputs, Prepared, Unsupported
-from conformance.adapter.execute import AdapterError, run_backend
+from conformance.adapter.execute import AdapterError, Execution, run_backend
 from conformance.fingerprint.cases import Probe
 from conformance.fingerprint.emulate import emulate
 from conformance.fingerprint.questions import QUESTIONS, Question
@@ -197,6 +197,13 @@ class _DefaultEps:
         return prepared
 
 
+def _run(target: Backend, probe: Probe, timeout: float) -> Execution:
+    shapes = {name: output_shape(probe.case, name) for name in produced(probe.case, probe.grad)}
+    return run_backend(
+        target, probe.case, probe.inputs, grad=probe.grad, calls=1, expected_shapes=shapes, timeout=timeout
+    )
+
+
 def ask(backend: Backend, caps: Capabilities, question: Question, timeout: float) -> FingerprintRecord:
     """Run ``question``'s probe through ``backend`` and judge the outputs; never raises for the adapter."""
     start = time.perf_counter()
@@ -220,17 +227,22 @@ def ask(backend: Backend, caps: Capabilities, question: Question, timeout: float
     if why is not None:
         return record("unsupported", why)
     target = _DefaultEps(backend) if question.default_eps else backend
-    shapes = {name: output_shape(probe.case, name) for name in produced(probe.case, probe.grad)}
+    note = ""
     try:
-        run = run_backend(
-            target,
-            probe.case,
-            probe.inputs,
-            grad=probe.grad,
-            calls=1,
-            expected_shapes=shapes,
-            timeout=timeout,
-        )
+        try:
+            run = _run(target, probe, timeout)
+        except Unsupported as exc:
+            # A class without a bias (CohereLayerNorm) refuses the probe's zero bias: where the bias is
+            # zero the same question can be asked without it (the same predictions). Its own refusal
+            # of that probe, if any, is reported with the first.
+            bare = probe.without_bias()
+            if bare is None or caps.why_not(bare.case, grad=bare.grad) is not None:
+                raise
+            try:
+                run = _run(target, bare, timeout)
+            except Unsupported as again:
+                raise Unsupported(f"{exc}; without its bias: {again}") from again
+            probe, note = bare, f"asked without the probe's zero bias, which prepare() refused: {exc}"
     except Unsupported as exc:
         return record("unsupported", f"prepare() raised Unsupported: {exc}")
     except AdapterError as exc:
@@ -238,6 +250,7 @@ def ask(backend: Backend, caps: Capabilities, question: Question, timeout: float
     verdict = judge(question, probe, run.outputs[0])
     return record(
         "answered",
+        note,
         answer=verdict.answer,
         matched=verdict.matched,
         evidence=verdict.evidence,

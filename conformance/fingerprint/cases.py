@@ -8,7 +8,7 @@ than rounding; docs/fingerprints.md gives the reasoning per question.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -27,6 +27,21 @@ class Probe:
     grad: bool
     outputs: tuple[str, ...]
     mask: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def without_bias(self) -> Probe | None:
+        """The probe for a class that has no bias (CohereLayerNorm): the case with bias=False and no bias
+        input, where the probe's bias is all zeros, so that every hypothesis predicts the same outputs
+        without it; None where the probe has no bias or a non-zero one (the bias question itself)."""
+        bias = self.inputs.get("bias")
+        if not self.case.bias or bias is None or np.any(np.asarray(bias, dtype=np.float64) != 0):
+            return None
+        return replace(
+            self,
+            case=replace(self.case, bias=False),
+            inputs={name: value for name, value in self.inputs.items() if name != "bias"},
+            outputs=tuple(out for out in self.outputs if out != "dbias"),
+            mask={out: m for out, m in self.mask.items() if out != "dbias"},
+        )
 
 
 def row_probe(case: Case, x: np.ndarray, outputs: tuple[str, ...] = ("y",), **params: np.ndarray) -> Probe:

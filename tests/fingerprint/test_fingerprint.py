@@ -369,3 +369,42 @@ def test_every_backends_add_op_results_say_which_sum_it_normalized(suite, backen
     read = [r["extra"]["info"]["sum_normalized"] for r in forward]
     # Rows where the two sums' outputs round alike (constant rows) cannot tell them apart.
     assert answer in read and set(read) <= {answer, "indistinguishable"}, run.output[-2000:]
+
+
+class _NoBias(NumpyFake):
+    """A LayerNorm class without a bias (CohereLayerNorm): a case with one is Unsupported."""
+
+    name = "fake-no-bias"
+
+    def prepare(self, case, inputs, *, grad):
+        if case.op == "layer_norm" and "bias" in inputs:
+            raise conformance.Unsupported("this class has no bias; bias=True")
+        return super().prepare(case, inputs, grad=grad)
+
+
+class _NoBiasEpsOutside(_NoBias):
+    """The same class computing sqrt(var) + eps: the bias-free probes must still tell it apart."""
+
+    name = "fake-no-bias-eps-outside"
+
+    def compute(self, case, inputs, grad):
+        return _backend("fake-eps-outside-sqrt").compute(case, inputs, grad)
+
+
+LN_QUESTIONS = [name for name, q in QUESTIONS.items() if q.op == "layer_norm" and not q.default_eps]
+
+
+@pytest.mark.parametrize(
+    ("fake", "changed"), [(_NoBias, {}), (_NoBiasEpsOutside, {"layer_norm.eps": "added-to-std"})]
+)
+def test_a_class_without_a_bias_is_asked_with_the_probes_bias_left_out(fake, changed):
+    backend = fake()
+    for name in LN_QUESTIONS:
+        record = ask(backend, backend.capabilities(), QUESTIONS[name], timeout=30)
+        if name == "layer_norm.bias":  # its probe's bias is not zero: not askable without one
+            assert record.outcome == "unsupported" and "has no bias" in record.reason
+            continue
+        assert record.outcome == "answered", (name, record.reason)
+        assert record.answer == changed.get(name, QUESTIONS[name].reference), (name, record.evidence)
+        assert record.probe["bias"] is False
+        assert record.reason.startswith("asked without the probe's zero bias, which prepare() refused")
