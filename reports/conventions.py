@@ -27,6 +27,16 @@ class Answer:
     evidence: tuple[tuple[str, str], ...]
     reference: str
     reason: str
+    noise: str = ""  # the error a hypothesis had to stay within to match
+
+    @property
+    def nearest(self) -> str:
+        """An unmatched answer's finding: the nearest hypothesis and its error against the noise."""
+        if not self.evidence:
+            return "no hypothesis was evaluated"
+        hypothesis, error = self.evidence[0]
+        needs = f" (a match needs at most {self.noise})" if self.noise else ""
+        return f"nearest {hypothesis} at {error}{needs}"
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,15 @@ class Conventions:
     columns: tuple[Column, ...]
     rows: tuple[ConventionRow, ...]
     changed: tuple[str, ...]
+
+    def unmatched(self) -> list[tuple[str, str, Answer]]:
+        """(question, column key, answer) of every answer no hypothesis matched: findings, listed."""
+        return [
+            (row.question, column.key, row.cells[column.id])
+            for row in self.rows
+            for column in self.columns
+            if column.id in row.cells and row.cells[column.id].state == "unmatched"
+        ]
 
 
 def _state(record: FingerprintRecord) -> str:
@@ -58,7 +77,8 @@ def _answer(record: FingerprintRecord) -> Answer:
         (hypothesis, f"{error:.3g}")
         for hypothesis, error in sorted(record.evidence.items(), key=lambda kv: kv[1])
     )
-    return Answer(record.cell, _state(record), evidence, record.reference, record.reason)
+    noise = f"{record.noise:.3g}" if record.noise else ""
+    return Answer(record.cell, _state(record), evidence, record.reference, record.reason, noise)
 
 
 Cell = TypeVar("Cell")

@@ -90,6 +90,14 @@ def _conventions(runs: list[Run]) -> list[str]:
         ]
         for row in found.rows
     ]
+    unmatched = found.unmatched()
+    if unmatched:
+        evidence = [
+            f"- {escape(question)}, {escape(column)}: {escape(answer.nearest)}"
+            for question, column, answer in unmatched
+        ]
+        title = f"Unmatched answers ({len(unmatched)}): the nearest hypothesis and its error"
+        return lines + _table(head, rows) + ["", title, "", *evidence]
     return lines + _table(head, rows)
 
 

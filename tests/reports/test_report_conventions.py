@@ -86,3 +86,24 @@ def test_conventions_command_renders_the_table_alone(tmp_path, capsys):
     assert "hold no fingerprint record" in capsys.readouterr().out
     assert main.main(["conventions", str(path), "--format", "pdf"]) == 2
     assert "--format='pdf' is not allowed; allowed: html, md" in capsys.readouterr().err
+
+
+def test_unmatched_answers_are_counted_and_show_the_nearest_hypothesis(tmp_path):
+    from support.reports import fingerprint
+
+    record = fingerprint(
+        "beta", "rms_norm.eps_precision", "unmatched", "as-given", {"as-given": 2e-5, "float32": 3e-5}
+    )
+    record["matched"] = False
+    loaded = runs.read_runs([write(tmp_path / "r.jsonl", [*standard_records(), record])])
+    found = conventions.conventions(loaded)
+    assert found is not None
+    ((question, column, answer),) = found.unmatched()
+    assert (question, column, answer.text) == ("rms_norm.eps_precision", "beta", "unmatched?")
+    assert answer.nearest == "nearest as-given at 2e-05 (a match needs at most 1e-06)"
+    md = markdown.render(render.ReportInput(tuple(loaded)))
+    assert "Unmatched answers (1): the nearest hypothesis and its error" in md
+    assert "- rms\\_norm.eps\\_precision, beta: nearest as-given at 2e-05 (a match needs at most 1e-06)" in md
+    text = html.render(render.ReportInput(tuple(loaded)))
+    assert "1 answer unmatched (no hypothesis within the noise" in text
+    assert "<b>nearest as-given at 2e-05 (a match needs at most 1e-06)</b>" in text
