@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from conformance.results.fingerprints import FingerprintRecord
+from conformance.results.fingerprints import NOT_ASKABLE, FingerprintRecord
 from conformance.results.properties import PropertyRecord
 from conformance.results.runs import Run
 from reports.tables import Column, columns, ratio_text
@@ -67,6 +67,8 @@ def _state(record: FingerprintRecord) -> str:
         return "error"
     if record.outcome != "answered":
         return "not-asked"
+    if record.answer.startswith(NOT_ASKABLE):
+        return "not-askable"
     if not record.matched:
         return "unmatched"
     return "differs" if record.differs else "reference"

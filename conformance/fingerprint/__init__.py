@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,11 +21,11 @@ from conformance.adapter.backend import Backend, Capabilities, Inputs, Prepared,
 from conformance.adapter.execute import AdapterError, Execution, run_backend
 from conformance.fingerprint.cases import Probe
 from conformance.fingerprint.emulate import emulate
-from conformance.fingerprint.questions import QUESTIONS, Question
+from conformance.fingerprint.questions import GATES, QUESTIONS, Question
 from conformance.model.case import BATCH_NORM, GROUP_NORM, GROUP_OPS, Case
 from conformance.model.geometry import geometry
 from conformance.model.outputs import output_shape, produced
-from conformance.results.fingerprints import FingerprintRecord
+from conformance.results.fingerprints import NOT_ASKABLE, FingerprintRecord
 
 __all__ = ["QUESTIONS", "SEPARATION", "ask", "classify", "judge"]
 
@@ -197,6 +198,24 @@ class _DefaultEps:
         return prepared
 
 
+# Per backend object: the execution-precision answers its gated questions have asked for.
+_EXECUTES_IN: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = weakref.WeakKeyDictionary()
+
+
+def _executes_in(backend: Backend, caps: Capabilities, gate: str, timeout: float) -> str | None:
+    """The narrower dtype ``backend`` computes the gate question's op and dtype in (its matched answer,
+    where that is not the dtype itself), else None: asked once per backend object."""
+    try:
+        seen = _EXECUTES_IN.setdefault(backend, {})
+    except TypeError:  # not weakly referenceable: asked every time
+        seen = {}
+    if gate not in seen:
+        answer = ask(backend, caps, QUESTIONS[gate], timeout)
+        narrower = answer.outcome == "answered" and answer.matched and answer.answer != answer.reference
+        seen[gate] = answer.answer if narrower else None
+    return seen[gate]
+
+
 def _run(target: Backend, probe: Probe, timeout: float) -> Execution:
     shapes = {name: output_shape(probe.case, name) for name in produced(probe.case, probe.grad)}
     return run_backend(
@@ -226,6 +245,12 @@ def ask(backend: Backend, caps: Capabilities, question: Question, timeout: float
         why = "no prepare_default_eps() hook: the adapter reports no library default eps"
     if why is not None:
         return record("unsupported", why)
+    gate = GATES.get((question.op, probe.case.dtype))
+    narrower = None if gate in (None, question.name) else _executes_in(backend, caps, gate, timeout)
+    if narrower is not None:
+        # The probe's arithmetic is not what runs: every hypothesis assumes the probe's dtype.
+        why = f"{gate} answered {narrower}: the {probe.case.dtype} probe's conventions cannot be read there"
+        return record("answered", why, answer=f"{NOT_ASKABLE}{narrower}", matched=False)
     target = _DefaultEps(backend) if question.default_eps else backend
     note = ""
     try:

@@ -73,6 +73,63 @@ def eps_bn(dtype: str = "float32") -> Callable[[], Probe]:
     return make
 
 
+# Execution precision. float64 inputs: values of 2^-80, whose squares (2^-160) are far below float32's
+# smallest subnormal (2^-149): in float64 the rows normalize to +-1; computed in float32 (or bfloat16, of
+# the same range) the variance underflows to 0 with eps 1e-60 (also 0 there), and y is +-inf. The
+# rows' mean is 0, so a one-pass variance is as exact as a two-pass one.
+TINY = 2.0**-80
+TINY_EPS = 1e-60
+# float32 inputs: 1 +- 2^-9 is a float32 (and a float16) but not a bfloat16 (whose step at 1 is
+# 2^-7): in float32 the centred rows normalize to +-1 (one-pass or two-pass: 1 + 2^-18 is a float32
+# too); rounded to bfloat16 they are constant and y is 0. The first row is the same in every dtype.
+HALF_STEP = 2.0**-9
+CANCEL_EPS = 1e-12
+
+
+_SIGNS = np.array([[1.0, -1.0, 1.0, -1.0], [1.0, -1.0, -1.0, 1.0], [1.0, 1.0, -1.0, -1.0]])
+
+
+def _cancelling_rows(count: int) -> np.ndarray:
+    """One row of +-1, then rows of 1 +- 2^-9 (the float32 execution probes' values)."""
+    return np.vstack([_SIGNS[:1], 1.0 + HALF_STEP * np.resize(_SIGNS[1:], (count - 1, 4))])
+
+
+def execution_row(op: str, dtype: str) -> Callable[[], Probe]:
+    def make() -> Probe:
+        if dtype == "float64":
+            case = Case(op, (2, 4), dtype, TINY_EPS)
+            return row_probe(case, TINY * np.array([[1.0, -1.0, 1.0, -1.0], [2.0, -1.0, 1.0, -2.0]]))
+        return row_probe(Case(op, (3, 4), dtype, CANCEL_EPS), _cancelling_rows(3))
+
+    return make
+
+
+def execution_groups(op: str) -> Callable[[], Probe]:
+    """The float32 execution probe's rows as the groups of a GN/IN case."""
+
+    def make() -> Probe:
+        return group_probe(op, _cancelling_rows(4), "float32", CANCEL_EPS)
+
+    return make
+
+
+def execution_bn(dtype: str) -> Callable[[], Probe]:
+    """The same values as columns of an eval BatchNorm, its running statistics the rows' exact ones."""
+
+    def make() -> Probe:
+        if dtype == "float64":
+            case = Case("batch_norm", (4, 2), dtype, TINY_EPS)
+            columns = TINY * np.array([[1.0, -1.0, 1.0, -1.0], [2.0, -1.0, 1.0, -2.0]]).T
+            mean, var = np.zeros(2), np.array([TINY**2, 2.5 * TINY**2])
+        else:
+            case = Case("batch_norm", (4, 2), dtype, CANCEL_EPS)
+            columns = (1.0 + HALF_STEP * np.array([[1.0, -1.0, 1.0, -1.0], [1.0, 1.0, -1.0, -1.0]])).T
+            mean, var = np.ones(2), np.full(2, HALF_STEP**2)
+        return Probe(case, probes.channels(case, columns, running_mean=mean, running_var=var), False, ("y",))
+
+    return make
+
+
 def variance_ln() -> Probe:
     case = Case("layer_norm", (2, 4), "float32", 1e-12)
     return row_probe(case, np.array([[3.0, 1.0, -1.0, 1.0], [0.5, -0.25, 1.0, 0.75]]))

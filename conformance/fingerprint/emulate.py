@@ -9,13 +9,13 @@ computed on the geometry view of x (N, G, C/G, spatial), where a group is the la
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from conformance.model import residual
 from conformance.model.case import ADD_OPS, BATCH_NORM, CHANNEL_OPS, GROUP_OPS, INSTANCE_NORM, RMS_OPS, Case
-from conformance.model.dtypes import round_to
+from conformance.model.dtypes import finfo, round_to
 from conformance.model.geometry import geometry
 
 Array = np.ndarray
@@ -47,6 +47,12 @@ class Convention:
     momentum_none: str = "cumulative"  # momentum=None: factor 1 on the first batch | "zero" | "default"
     norm_input: str = "case"  # add ops: the sum the case asks for | "exact": the unrounded float32 sum
     stream: str = "case"  # add ops: residual_out in the case's stream dtype | "float32": kept in float32
+    # The dtype the whole computation runs in: the case's | a narrower one ("float32" for float64 inputs,
+    # "bfloat16" for float32 ones: an execution-precision policy): inputs rounded to it, computed as a
+    # case of that dtype, outputs of that dtype. "<dtype>-saturating": the same, with overflows clamped
+    # to the dtype's largest finite value (OpenVINO's CPU plugin returns those instead of inf);
+    # "<dtype>-nan": infinities as NaN (x * inv - mean * inv, JAX's form, gives inf - inf where inv is).
+    execute: str = "case"
 
 
 REFERENCE = Convention()
@@ -121,8 +127,10 @@ def _variance(x: Array, mean: Array, axes: tuple[int, ...], w: _Work, conv: Conv
     count = float(np.prod([x.shape[a] for a in axes]))
     divisor = max(count - 1.0, 1.0) if conv.variance == "unbiased" else count
     if conv.passes == "one":
-        squares = w.mean(w.r(x * x), axes, divisor)
-        return w.r(squares - w.r(mean * mean * (count / divisor)))
+        # In a narrow dtype the squares may overflow (inf - inf): NaN, as such a kernel returns.
+        with np.errstate(invalid="ignore", over="ignore"):
+            squares = w.mean(w.r(x * x), axes, divisor)
+            return w.r(squares - w.r(mean * mean * (count / divisor)))
     if conv.variance_of == "x":
         # One rounding of the variance of x about its exact mean (torch's var() in any dtype).
         exact = x.mean(axis=axes, keepdims=True)
@@ -142,7 +150,8 @@ def _inverse(var: Array, eps: float, w: _Work, conv: Convention) -> Array:
         return w.r(w.r(np.sqrt(np.maximum(var, 0.0))) + e)
     if conv.eps == "dropped":
         return w.r(np.sqrt(np.maximum(var, 0.0)))
-    return w.r(np.sqrt(w.r(var + e)))
+    with np.errstate(invalid="ignore"):  # a one-pass variance in a narrow dtype may go negative: NaN
+        return w.r(np.sqrt(w.r(var + e)))
 
 
 def _normalized(d: Array, s: Array, w: _Work, conv: Convention) -> tuple[Array, Array, Round]:
@@ -264,6 +273,8 @@ def emulate(
 
     ``y@wide`` is y before its final rounding, for probes that keep away from rounding boundaries.
     """
+    if conv.execute.partition("-")[0] not in ("case", case.dtype):
+        return _executed(case, inputs, conv, grad=grad)
     stats = _stats_dtype(case, conv)
     w = _Work(rounder(stats), narrow=conv.reduce == "narrow" and stats == case.dtype)
     # Channel groups become plain axes of the geometry view; every other op keeps x's shape.
@@ -284,4 +295,19 @@ def emulate(
     if grad:
         dy = np.asarray(inputs["dy"], dtype=np.float64).reshape(view)
         out["dx"] = rounder(case.dtype)(_dx(case, dy, scale, xhat, rstd, axes, conv)).reshape(case.shape)
+    return out
+
+
+def _executed(case: Case, inputs: Mapping[str, Array], conv: Convention, *, grad: bool) -> dict[str, Array]:
+    """``case`` computed entirely in ``conv.execute``: every input rounded to it, the case run as one of
+    that dtype (its parameters and stream too), the outputs in it (exact in the wider case dtype)."""
+    narrow, _, overflow = conv.execute.partition("-")
+    inner = replace(case, dtype=narrow, param_dtype=None, residual_dtype=None)
+    rounded = {name: rounder(narrow)(np.asarray(v, dtype=np.float64)) for name, v in inputs.items()}
+    out = emulate(inner, rounded, replace(conv, execute="case"), grad=grad)
+    if overflow == "saturating":
+        largest = float(finfo(narrow).max)
+        out = {name: np.clip(value, -largest, largest) for name, value in out.items()}
+    elif overflow == "nan":
+        out = {name: np.where(np.isinf(value), np.nan, value) for name, value in out.items()}
     return out

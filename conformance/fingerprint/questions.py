@@ -42,6 +42,8 @@ class Question:
     metric: str = "rel"
     default_eps: bool = False
     candidates: Mapping[str, float] = field(default_factory=dict)
+    # The noise bound where it is the question's own, not the probe dtype's (execution precision).
+    fixed_noise: float | None = None
     # Choices of other questions each hypothesis is also tried with, so that one deviation (say an
     # unbiased variance) does not make every other answer "unmatched".
     nuisance: tuple[Mapping[str, str], ...] = ({},)
@@ -52,6 +54,8 @@ class Question:
 
     def noise(self, case: Case) -> float:
         """The largest error of a matching hypothesis: reduction-order rounding, nothing more."""
+        if self.fixed_noise is not None:
+            return self.fixed_noise
         if self.default_eps:
             return 0.01  # relative distance of the inferred eps to a candidate
         if self.metric == "mismatch":
@@ -120,6 +124,13 @@ _ACTIVATION: Family = tuple(
     )
 )
 EPS = {"inside-sqrt": _one(), "added-to-std": _one(eps="std"), "dropped": _one(eps="dropped")}
+EXECUTION_FLOAT64 = {
+    "float64": _one(),
+    "float32": tuple(replace(REFERENCE, execute=f"float32{how}") for how in ("", "-saturating", "-nan")),
+}
+EXECUTION_FLOAT32 = {"float32": _one(), "bfloat16": _one(execute="bfloat16")}
+# Outputs of +-1 against 0 or +-inf: a narrower dtype's rounding of them is far inside this.
+EXECUTION_NOISE = 0.05
 EPS_DTYPE = {"as-given": _one(), "float32": _one(eps_dtype="float32")}
 VARIANCE = {"biased": _one(), "unbiased": _one(variance="unbiased")}
 PASSES = {"two-pass": _one(), "one-pass": _one(passes="one")}
@@ -151,10 +162,44 @@ STREAM = {"activation": _one(), "float32": _one(stream="float32")}
 
 
 # ----------------------------------------------------------------------------- the table
+# (op, probe dtype) -> the question whose answer says whether that op computes in that dtype: a probe of
+# that op and dtype is only askable where it does. RMSNorm has no centring to cancel in, so its float32
+# question is not asked (a bfloat16 policy changes its outputs by rounding only).
+EXECUTION = (
+    ("layer_norm", "float64"),
+    ("rms_norm", "float64"),
+    ("batch_norm", "float64"),
+    ("layer_norm", "float32"),
+    ("batch_norm", "float32"),
+    ("group_norm", "float32"),
+    ("instance_norm", "float32"),
+)
+GATES = {(op, dtype): f"{op}.execution.{dtype}" for op, dtype in EXECUTION}
+
+
+def _execution_probe(op: str, dtype: str) -> Callable[[], Probe]:
+    if op == "batch_norm":
+        return cases.execution_bn(dtype)
+    if op in (GROUP_NORM, INSTANCE_NORM):
+        return cases.execution_groups(op)
+    return cases.execution_row(op, dtype)
+
+
 def _questions() -> list[Question]:
     q = Question
     half = ("bfloat16", "float16")
     table = [
+        *(
+            q(
+                f"{op}.execution.{dtype}",
+                f"{dtype} inputs: computed in {dtype}, or in a narrower dtype throughout",
+                _execution_probe(op, dtype),
+                EXECUTION_FLOAT64 if dtype == "float64" else EXECUTION_FLOAT32,
+                dtype,
+                fixed_noise=EXECUTION_NOISE,
+            )
+            for op, dtype in EXECUTION
+        ),
         q(
             "layer_norm.eps",
             "where eps enters: sqrt(var + eps), sqrt(var) + eps, or not at all",
@@ -461,6 +506,10 @@ def _with_nuisance(question: Question) -> Question:
         nuisance += [{**changes, "groups": "channel"} for changes in nuisance]
     if question.hypotheses is EPS_DTYPE:
         nuisance += [{**changes, "eps": "std"} for changes in nuisance]
+    if question.hypotheses is STATS and question.op in _CENTRING:
+        # float32 statistics with a one-pass variance (Flax, Keras, ONNX Runtime's GroupNorm) are float32
+        # statistics: without this variant they read as neither.
+        nuisance += [{**changes, "passes": "one"} for changes in nuisance]
     return replace(question, nuisance=tuple(nuisance))
 
 

@@ -8,6 +8,9 @@ from typing import Any
 
 from conformance.results.schema import figure, jsonable, string_field
 
+# The answer of a question whose probe's dtype the backend does not compute in (the fingerprint's gates).
+NOT_ASKABLE = "not askable: executes in "
+
 
 @dataclass(frozen=True)
 class FingerprintRecord:
@@ -45,6 +48,8 @@ class FingerprintRecord:
             return {"unsupported": "-", "skipped": "-", "error": "error"}.get(self.outcome, self.outcome)
         if self.answer == "unmatched" and self.estimate is not None:
             return f"~{self.estimate:.3g}?"
+        if self.answer.startswith(NOT_ASKABLE):
+            return "not askable: " + self.answer.removeprefix(NOT_ASKABLE)
         if not self.matched:
             return self.answer.split(":")[0] + "?"
         return f"{self.answer}*" if self.differs else self.answer

@@ -30,14 +30,10 @@ CONVENTIONS = {
         "batch_norm.eps": "added-to-std",
     },
     "fake-unbiased-variance": {"layer_norm.variance": "unbiased", "batch_norm.variance": "unbiased"},
-    "fake-one-pass-variance": {
-        "layer_norm.passes": "one-pass",
-        "batch_norm.passes": "one-pass",
-        # float32 E[x^2] - E[x]^2 is itself inaccurate on the float16 probe's offset rows (mean/spread
-        # ~4000): neither float32 two-pass nor float16 statistics explain it, and the answer says so.
-        "layer_norm.stats_precision.float16": "unmatched",
-        "batch_norm.stats_precision.float16": "unmatched",
-    },
+    # float32 E[x^2] - E[x]^2 is itself inaccurate on the float16 stats probe's offset rows (mean/spread
+    # ~4000): the statistics question tries every hypothesis with a one-pass variance too, and reads
+    # float32.
+    "fake-one-pass-variance": {"layer_norm.passes": "one-pass", "batch_norm.passes": "one-pass"},
     "fake-low-precision-stats": {
         **{
             f"{op}.stats_precision.{dtype}": "activation-dtype"
@@ -60,12 +56,7 @@ CONVENTIONS = {
     "fake-group-numpy": {},
     "fake-gn-per-channel-stats": {"group_norm.groups": "per-channel"},
     "fake-gn-per-group-affine": {"group_norm.affine": "per-group"},
-    "fake-gn-one-pass-variance": {
-        "group_norm.passes": "one-pass",
-        "instance_norm.passes": "one-pass",
-        # As for LayerNorm: float32 one-pass statistics are themselves wrong on the float16 probe.
-        "group_norm.stats_precision.float16": "unmatched",
-    },
+    "fake-gn-one-pass-variance": {"group_norm.passes": "one-pass", "instance_norm.passes": "one-pass"},
     "fake-in-frozen-running-stats": {
         "instance_norm.momentum": "not-updated",
         "instance_norm.momentum_none": "as-0",
@@ -408,3 +399,40 @@ def test_a_class_without_a_bias_is_asked_with_the_probes_bias_left_out(fake, cha
         assert record.answer == changed.get(name, QUESTIONS[name].reference), (name, record.evidence)
         assert record.probe["bias"] is False
         assert record.reason.startswith("asked without the probe's zero bias, which prepare() refused")
+
+
+@pytest.mark.parametrize(
+    ("fake", "given", "executes"),
+    [
+        ("fake-float64-in-float32", "float64", "float32"),
+        ("fake-executes-float32-in-bfloat16", "float32", "bfloat16"),
+    ],
+)
+def test_an_execution_precision_policy_is_named_and_gates_the_probes_of_that_dtype(fake, given, executes):
+    from conformance.fingerprint.questions import GATES
+
+    import fakes.ledger
+    import fakes.precision  # noqa: F401  (registers fake-executes-float32-in-bfloat16)
+
+    backend = _backend(fake)
+    answers = _answers(backend)
+    gates = {name for (op, dtype), name in GATES.items() if dtype == given}
+    for name in gates:
+        assert (answers[name].answer, answers[name].matched) == (executes, True), answers[name].evidence
+    gated = [
+        name
+        for name, q in QUESTIONS.items()
+        if GATES.get((q.op, q.probe().case.dtype)) in gates and name not in gates
+    ]
+    assert gated
+    for name in gated:
+        record = answers[name]
+        assert (record.outcome, record.matched) == ("answered", False), name
+        assert record.answer == f"not askable: executes in {executes}"
+        assert record.cell == f"not askable: {executes}"
+    # The reference fake computes in the dtype it is given: nothing is gated.
+    reference = _answers(_backend("fake-numpy"))
+    for name in gated:
+        assert not reference[name].answer.startswith("not askable"), name
+    for name in gates:
+        assert reference[name].answer == QUESTIONS[name].reference
