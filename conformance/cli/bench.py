@@ -48,7 +48,7 @@ def add_bench_options(p: argparse.ArgumentParser, default_profile: str | None) -
 def build_bench(sub: Sub, name: str) -> argparse.ArgumentParser:
     p = options.subparser(sub, name, "time the backends: median, GB/s, fraction of copy", BENCH_HELP)
     p.add_argument(
-        "--backend", default="all", help="comma list of backend names and keywords (all, frameworks)"
+        "--backend", default="all", help="comma list of backend names and keywords (all, frameworks, kernels)"
     )
     p.add_argument("--op", help="comma list of ops")
     p.add_argument("--dtype", help="comma list of activation dtypes")

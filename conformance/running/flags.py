@@ -62,7 +62,7 @@ class Flag:
 BACKEND = Flag(
     "--backend",
     "comma list of backend names and keywords: all (default: every backend but the opt-in ones),"
-    " frameworks (the opt-in framework backends)",
+    " frameworks (the opt-in framework backends), kernels (the opt-in CUDA kernel libraries)",
     default="all",
 )
 OP = Flag("--op", "comma list of ops to run (default: all in the profile)")
