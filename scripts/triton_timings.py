@@ -15,7 +15,8 @@ device-to-device copy measured in the same run. Each record also splits the wall
 median above: launch-inclusive, L2 scrubbed) into ``device_ms`` (the kernels alone: the Prepared's
 ``device_timing()``, a CUDA-graph replay or the profiler's kernel sum, backends/common/device_timing.py)
 and ``host_ms`` (the rest), with ``launches`` and ``h2d_copies`` per call and ``device_gbps`` /
-``device_roofline``; on the CPU those are null. ``--shapes`` are (rows x columns) for the row ops,
+``device_roofline_fraction`` (conformance.bench.timing.split, as the benchmarks record them); on the CPU
+those are null. ``--shapes`` are (rows x columns) for the row ops,
 ``--group-shapes`` (N x C x spatial...) for GroupNorm (``--groups`` groups) and InstanceNorm (instance
 statistics). A backend that does not support a case (or is not registered) is left out of the table
 with its reason printed.
@@ -36,6 +37,7 @@ import torch
 
 from conformance import BackendUnavailable, Case, Unsupported
 from conformance.adapter import registry
+from conformance.bench import timing
 from conformance.model.case import ADD_OPS
 from conformance.model.dtypes import numpy_dtype
 from conformance.model.inputs import for_call, make_inputs
@@ -97,8 +99,9 @@ def copy_gbps(clock: Clock) -> float:
 
 
 def measure(
-    name: str, case: Case, inputs: dict[str, Any], grad: bool, clock: Clock, reps: int
+    name: str, case: Case, inputs: dict[str, Any], grad: bool, clock: Clock, reps: int, roofline: float
 ) -> dict[str, Any] | None:
+    """One backend's record for ``case``; ``roofline``: the same run's copy bandwidth in GB/s."""
     entries = registry.entries()
     if name not in entries:
         print(f"{name:18} {case.id}: left out (not registered)", flush=True)
@@ -138,25 +141,10 @@ def measure(
         "median_ms": median,
         "min_ms": min(times),
         "gbps": size / median / 1e6,
-        **split(median, device, size),
+        "roofline": size / median / 1e6 / roofline,
+        # The wall time's split into the kernels' and the host's, as the benchmarks record it.
+        **timing.split(median / 1e3, device, size, roofline),
         "info": dict(info),
-    }
-
-
-def split(wall_ms: float, device: dict[str, Any] | None, size: int) -> dict[str, Any]:
-    """The wall time's split into the kernels' and the host's (null where there is no device timing)."""
-    if device is None:
-        none = ("device_ms", "host_ms", "launches", "h2d_copies", "device_gbps", "device_method")
-        return {"wall_ms": wall_ms, **dict.fromkeys(none)}
-    device_ms = float(device["device_ms"])
-    return {
-        "wall_ms": wall_ms,
-        "device_ms": device_ms,
-        "host_ms": wall_ms - device_ms,
-        "launches": device.get("launches"),
-        "h2d_copies": device.get("h2d_copies"),
-        "device_gbps": size / device_ms / 1e6 if device_ms > 0 else None,
-        "device_method": device.get("device_method"),
     }
 
 
@@ -198,12 +186,9 @@ def main() -> None:
         inputs = make_inputs(case, grad=True)
         for grad in (False, True):
             for name in names:
-                record = measure(name, case, inputs, grad, clock, args.reps)
+                record = measure(name, case, inputs, grad, clock, args.reps, roofline)
                 if record is None:
                     continue
-                record["roofline"] = record["gbps"] / roofline
-                dev = record["device_gbps"]
-                record["device_roofline"] = None if dev is None else dev / roofline
                 records.append(record)
                 print(_line(record), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -220,8 +205,8 @@ def _line(r: dict[str, Any]) -> str:
     )
     if r["device_ms"] is not None:
         line += (
-            f" | device {r['device_ms']:.3f} ms {r['device_roofline']:5.1%} host {r['host_ms']:.3f} ms "
-            f"{r['launches']:g} launches {r['h2d_copies']:g} h2d"
+            f" | device {r['device_ms']:.3f} ms {r['device_roofline_fraction']:5.1%} "
+            f"host {r['host_ms']:.3f} ms {r['launches']:g} launches {r['h2d_copies']:g} h2d"
         )
     return line
 
@@ -241,8 +226,9 @@ def _markdown(summary: dict[str, Any]) -> str:
     for r in summary["records"]:
         lines.append(
             f"| {r['backend']} | {r['check']} | {r['case_id']} | {r['median_ms']:.3f} | {r['gbps']:.1f} | "
-            f"{r['roofline']:.1%} | {cell(r['device_ms'], '.3f')} | {cell(r['device_roofline'], '.1%')} | "
-            f"{cell(r['host_ms'], '.3f')} | {cell(r['launches'], 'g')} | {cell(r['h2d_copies'], 'g')} |"
+            f"{r['roofline']:.1%} | {cell(r['device_ms'], '.3f')} | "
+            f"{cell(r['device_roofline_fraction'], '.1%')} | {cell(r['host_ms'], '.3f')} | "
+            f"{cell(r['launches'], 'g')} | {cell(r['h2d_copies'], 'g')} |"
         )
     return "\n".join(lines) + "\n"
 

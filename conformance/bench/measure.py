@@ -295,7 +295,7 @@ def run_case(
     gbps = traffic.activations / median / 1e9 if median else None
     benchmark.extra_info.update(
         {
-            **timing.split(median, device, traffic.activations, roof),
+            **timing.split(median, device, traffic.activations, roof.gbps),
             **({"device_timing_error": device_error} if device_error else {}),
             "case_id": case.id,
             "backend": name,

@@ -129,14 +129,14 @@ NO_DEVICE = (
 
 
 def split(
-    wall_s: float | None, device: Mapping[str, Any] | None, nbytes: int, roof: Roofline
+    wall_s: float | None, device: Mapping[str, Any] | None, nbytes: int, copy_gbps: float | None
 ) -> dict[str, Any]:
     """A benchmark's time split into the kernels' and the host's (docs/benchmarks.md): ``wall_ms`` (the
     timed ``call(); synchronize()``), ``device_ms`` (the kernels alone, from the Prepared's
     ``device_timing()``, None without one), ``host_ms`` = wall_ms - device_ms (negative only within
     noise), ``launches`` and ``h2d_copies`` per call, and GB/s with its fraction of the session's copy
-    for the device time (``device_gbps``, ``device_roofline_fraction``; the wall time's are ``gbps`` and
-    ``roofline_fraction``)."""
+    for the device time (``device_gbps``, ``device_roofline_fraction`` of ``copy_gbps``, the session's copy;
+    the wall time's are ``gbps`` and ``roofline_fraction``)."""
     wall_ms = None if wall_s is None else wall_s * 1e3
     if device is None:
         return {
@@ -158,7 +158,7 @@ def split(
         "launches": device.get("launches"),
         "h2d_copies": device.get("h2d_copies"),
         "device_gbps": device_gbps,
-        "device_roofline_fraction": roof.fraction(device_gbps),
+        "device_roofline_fraction": device_gbps / copy_gbps if device_gbps and copy_gbps else None,
         "device_method": str(device.get("device_method", "")),
         **({"kernel_sum_ms": device["kernel_sum_ms"]} if "kernel_sum_ms" in device else {}),
     }

@@ -216,13 +216,13 @@ def test_the_split_arithmetic() -> None:
 
     roof = Roofline("cuda", "torch", nbytes=1_000_000, threads=1, median_s=1e-3)  # 2 GB/s
     got = split(
-        0.002, {"device_ms": 0.5, "launches": 2, "h2d_copies": 1, "device_method": "m"}, 1_000_000, roof
+        0.002, {"device_ms": 0.5, "launches": 2, "h2d_copies": 1, "device_method": "m"}, 1_000_000, roof.gbps
     )
     assert got["wall_ms"] == 2.0 and got["device_ms"] == 0.5 and got["host_ms"] == 1.5
     assert got["device_gbps"] == pytest.approx(2.0) and got["device_roofline_fraction"] == pytest.approx(1.0)
     assert (got["launches"], got["h2d_copies"], got["device_method"]) == (2, 1, "m")
-    assert split(0.002, {"device_ms": 0.0}, 10, roof)["device_gbps"] is None
-    assert split(None, None, 10, roof)["wall_ms"] is None
+    assert split(0.002, {"device_ms": 0.0}, 10, roof.gbps)["device_gbps"] is None
+    assert split(None, None, 10, roof.gbps)["wall_ms"] is None
 
 
 def test_interpreted_backends_are_not_timed_unless_asked(fakes: dict[str, Any], tmp_path: Path) -> None:

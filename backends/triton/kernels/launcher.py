@@ -11,7 +11,7 @@ on every call. Here the first launch of a key goes through it and keeps the ``Co
 returns; later launches with the same key call that kernel's launcher (``CompiledKernel.run``) directly,
 with the arguments in the kernel's parameter order, as ``JITFunction.run`` itself calls it. The key is
 finer than Triton's specialization (each tensor's dtype and 16-byte alignment, every other argument's
-type and exact value, the launch options, the device), so a hit never launches a kernel compiled for
+exact value, the launch options, the device), so a hit never launches a kernel compiled for
 other arguments; a miss is Triton's own path. The launcher's signature ``(gridX, gridY, gridZ, stream,
 function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)`` is the same in Triton 3.6 (the
 GPU image) and 3.9 (this project's pin). Triton's launch hooks (a profiler such as proton adds them) need
