@@ -23,30 +23,6 @@ import torch  # noqa: E402
 from backends.triton.kernels import launch, ops  # noqa: E402
 
 
-def _stream_rows(
-    x: torch.Tensor, residual: torch.Tensor, normalized_shape: Sequence[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if residual.shape != x.shape:
-        raise ValueError(f"residual {tuple(residual.shape)} must match x {tuple(x.shape)} in shape")
-    return launch.rows(x, normalized_shape), launch.rows(residual, normalized_shape)
-
-
-def _grads(ctx: Any, h: torch.Tensor, dres_out: torch.Tensor | None) -> launch.Grads:
-    """dx in x's dtype; dresidual its own buffer only when residual's dtype differs and it is wanted."""
-    own = ctx.res_dtype != ctx.x_dtype and ctx.needs_input_grad[1]
-    dx = torch.empty(h.shape, dtype=ctx.x_dtype, device=h.device)
-    dres = torch.empty(h.shape, dtype=ctx.res_dtype, device=h.device) if own else None
-    cotangent = None if dres_out is None else dres_out.reshape(h.shape).contiguous()
-    return launch.Grads(dx, cotangent, dres)
-
-
-def _dy(dy: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # Without a gradient for y (only residual_out is used downstream) the norm contributes nothing.
-    if dy is None:
-        return torch.zeros(like.shape, dtype=dtype, device=like.device)
-    return dy.reshape(like.shape).contiguous()
-
-
 def _handed_out(ctx: Any, grads: launch.Grads) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dresidual) shaped like x: h = x + residual passes dL/dh to both unchanged."""
     dx = launch.shaped(grads.dx, ctx.shape)
@@ -72,7 +48,7 @@ class _AddLayerNorm(torch.autograd.Function):
         exact: bool,
         pol: blocks.Policy,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        x2, res2 = _stream_rows(x, residual, normalized_shape)
+        x2, res2 = launch.stream_rows(x, residual, normalized_shape)
         w = None if weight is None else weight.contiguous()
         b_ = None if bias is None else bias.contiguous()
         y, stream = torch.empty_like(x2), launch.Stream(res2, torch.empty_like(res2), exact)
@@ -87,9 +63,9 @@ class _AddLayerNorm(torch.autograd.Function):
         ctx: Any, dy: torch.Tensor | None, dres_out: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
         h, res, w, b_, mean, rstd = ctx.saved_tensors
-        grads = _grads(ctx, h, dres_out)
+        grads = launch.add_grads(h, ctx.x_dtype, ctx.res_dtype, dres_out, ctx.needs_input_grad[1])
         want = (ctx.needs_input_grad[2], ctx.needs_input_grad[3])
-        dy2 = _dy(dy, h, ctx.x_dtype)
+        dy2 = launch.dy_rows(dy, h, ctx.x_dtype)
         dw, db = launch.layer_norm_backward((h, res), w, b_, (mean, rstd), dy2, grads, want, ctx.pol)
         return (*_handed_out(ctx, grads), dw, db, None, None, None, None)
 
@@ -107,7 +83,7 @@ class _AddRMSNorm(torch.autograd.Function):
         exact: bool,
         pol: blocks.Policy,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        x2, res2 = _stream_rows(x, residual, normalized_shape)
+        x2, res2 = launch.stream_rows(x, residual, normalized_shape)
         w = None if weight is None else weight.contiguous()
         y, stream = torch.empty_like(x2), launch.Stream(res2, torch.empty_like(res2), exact)
         rstd, consts = launch.rms_forward(x2, w, eps, offset, pol, y, stream)
@@ -121,8 +97,8 @@ class _AddRMSNorm(torch.autograd.Function):
         ctx: Any, dy: torch.Tensor | None, dres_out: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
         h, res, w, consts, rstd = ctx.saved_tensors
-        grads = _grads(ctx, h, dres_out)
-        dy2 = _dy(dy, h, ctx.x_dtype)
+        grads = launch.add_grads(h, ctx.x_dtype, ctx.res_dtype, dres_out, ctx.needs_input_grad[1])
+        dy2 = launch.dy_rows(dy, h, ctx.x_dtype)
         dw = launch.rms_backward((h, res), w, consts, rstd, dy2, grads, ctx.needs_input_grad[2], ctx.pol)
         return (*_handed_out(ctx, grads), dw, None, None, None, None, None)
 
@@ -175,7 +151,7 @@ def _in_place_rows(
     """[n_rows, n_cols] views of the very buffers: a copy would leave the caller's tensors unwritten."""
     if not (x.is_contiguous() and residual.is_contiguous()):
         raise ValueError("in-place add + norm writes x and residual: both must be contiguous")
-    x2, res2 = _stream_rows(x, residual, normalized_shape)
+    x2, res2 = launch.stream_rows(x, residual, normalized_shape)
     assert x2.data_ptr() == x.data_ptr() and res2.data_ptr() == residual.data_ptr(), "views, not copies"
     return x2, res2
 

@@ -194,6 +194,40 @@ class Grads:
         return pointers, {"HAS_DRES_OUT": self.dres_out is not None, "OWN_DRES": self.dres is not None}
 
 
+def stream_rows(
+    x: torch.Tensor, residual: torch.Tensor, normalized_shape: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and residual (the add ops' stream) as [n_rows, n_cols]."""
+    if residual.shape != x.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} must match x {tuple(x.shape)} in shape")
+    return rows(x, normalized_shape), rows(residual, normalized_shape)
+
+
+def add_grads(
+    like: torch.Tensor,
+    x_dtype: torch.dtype,
+    res_dtype: torch.dtype,
+    dres_out: torch.Tensor | None,
+    want_dres: bool,
+) -> Grads:
+    """The add ops' backward outputs, [n_rows, n_cols] like ``like``: dx in x's dtype; dresidual a buffer
+    of its own only where it is wanted and residual's dtype differs (with one dtype dL/dresidual is dx
+    itself); residual_out's cotangent, if any, as rows."""
+    own = want_dres and res_dtype != x_dtype
+    dx = torch.empty(like.shape, dtype=x_dtype, device=like.device)
+    dres = torch.empty(like.shape, dtype=res_dtype, device=like.device) if own else None
+    cotangent = None if dres_out is None else dres_out.reshape(like.shape).contiguous()
+    return Grads(dx, cotangent, dres)
+
+
+def dy_rows(dy: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """dy as rows like ``like``; zeros of ``dtype`` without one (only residual_out is used downstream:
+    the norm contributes nothing)."""
+    if dy is None:
+        return torch.zeros(like.shape, dtype=dtype, device=like.device)
+    return dy.reshape(like.shape).contiguous()
+
+
 def saved_input(
     x2: torch.Tensor, stream: Stream | None, acc: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -14,6 +14,7 @@ operator is checked the same way everywhere. The launch policy is the device's (
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,10 +40,7 @@ def _stats(x: Tensor, n_rows: int, acc: torch.dtype) -> Tensor:
 
 
 def _rows(x: Tensor, normalized_shape: Sequence[int]) -> int:
-    n_cols = 1
-    for d in normalized_shape:
-        n_cols *= d
-    return x.numel() // max(n_cols, 1)
+    return x.numel() // max(math.prod(normalized_shape), 1)
 
 
 # --------------------------------------------------------------------------------------------- RMSNorm
@@ -205,27 +203,6 @@ layer_norm.register_autograd(_ln_backward, setup_context=_ln_setup)
 # --------------------------------------------------------------------------- the fused residual add ops
 
 
-def _stream(x: Tensor, residual: Tensor, normalized_shape: Sequence[int]) -> tuple[Tensor, Tensor]:
-    if residual.shape != x.shape:
-        raise ValueError(f"residual {tuple(residual.shape)} must match x {tuple(x.shape)} in shape")
-    return launch.rows(x, normalized_shape), launch.rows(residual, normalized_shape)
-
-
-def _add_grads(
-    x2: Tensor, residual: Tensor, dres_out: Tensor | None, want_dres: bool
-) -> tuple[launch.Grads, bool]:
-    """dx, and a dresidual buffer of its own only when residual's dtype differs (with one dtype the
-    autograd formula hands dx to both: operator outputs may not alias one another)."""
-    own = want_dres and residual.dtype != x2.dtype
-    dres = torch.empty(x2.shape, dtype=residual.dtype, device=x2.device) if own else None
-    cotangent = None if dres_out is None else dres_out.reshape(x2.shape).contiguous()
-    return launch.Grads(torch.empty_like(x2), cotangent, dres), own
-
-
-def _dy_rows(dy: Tensor | None, x2: Tensor) -> Tensor:
-    return torch.zeros_like(x2) if dy is None else dy.reshape(x2.shape).contiguous()
-
-
 def _add_fake_grads(x: Tensor, residual: Tensor, want_dres: bool) -> tuple[Tensor, Tensor]:
     own = want_dres and residual.dtype != x.dtype
     return torch.empty_like(x), torch.empty_like(residual) if own else _absent(x)
@@ -243,7 +220,7 @@ def add_rms_norm(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(y, residual_out, rstd): h = x + residual stored in residual's dtype, RMSNorm of h as stored (or,
     ``exact``, of the unrounded sum)."""
-    x2, res2 = _stream(x, residual, normalized_shape)
+    x2, res2 = launch.stream_rows(x, residual, normalized_shape)
     w = None if weight is None else weight.contiguous()
     y, stream = torch.empty_like(x2), launch.Stream(res2, torch.empty_like(res2), exact)
     rstd, _ = launch.rms_forward(x2, w, eps, weight_offset, launch.policy(), y, stream)
@@ -282,15 +259,16 @@ def add_rms_norm_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dresidual, dweight): dresidual an empty tensor where it is dx itself (one dtype) or not
     wanted, dweight one unless wanted and present."""
-    x2, res2 = _stream(x, residual, normalized_shape)
+    x2, res2 = launch.stream_rows(x, residual, normalized_shape)
     w = None if weight is None else weight.contiguous()
     saved = launch.saved_input(
         x2, launch.Stream(res2, launch.rows(residual_out, normalized_shape), exact), rstd.dtype
     )
     consts = launch.scalars(eps, weight_offset, rstd.dtype, x.device)
-    grads, own = _add_grads(x2, residual, dres_out, want_dresidual)
-    dw = launch.rms_backward(saved, w, consts, rstd, _dy_rows(dy, x2), grads, want_dweight, launch.policy())
-    dres = grads.dres.view(x.shape) if own and grads.dres is not None else _absent(x)
+    grads = launch.add_grads(x2, x.dtype, residual.dtype, dres_out, want_dresidual)
+    dy2 = launch.dy_rows(dy, x2, x.dtype)
+    dw = launch.rms_backward(saved, w, consts, rstd, dy2, grads, want_dweight, launch.policy())
+    dres = _absent(x) if grads.dres is None else grads.dres.view(x.shape)
     return grads.dx.view(x.shape), dres, _absent(x) if dw is None else dw
 
 
@@ -351,7 +329,7 @@ def add_layer_norm(
     exact: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(y, residual_out, mean, rstd): LayerNorm of h = x + residual, as add_rms_norm."""
-    x2, res2 = _stream(x, residual, normalized_shape)
+    x2, res2 = launch.stream_rows(x, residual, normalized_shape)
     w = None if weight is None else weight.contiguous()
     b_ = None if bias is None else bias.contiguous()
     y, stream = torch.empty_like(x2), launch.Stream(res2, torch.empty_like(res2), exact)
@@ -391,16 +369,16 @@ def add_layer_norm_backward(
     want_dresidual: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, dresidual, dweight, dbias), absent ones as empty tensors (see add_rms_norm_backward)."""
-    x2, res2 = _stream(x, residual, normalized_shape)
+    x2, res2 = launch.stream_rows(x, residual, normalized_shape)
     w = None if weight is None else weight.contiguous()
     b_ = None if bias is None else bias.contiguous()
     saved = launch.saved_input(
         x2, launch.Stream(res2, launch.rows(residual_out, normalized_shape), exact), rstd.dtype
     )
-    grads, own = _add_grads(x2, residual, dres_out, want_dresidual)
-    dy2, want = _dy_rows(dy, x2), (want_dweight, want_dbias)
+    grads = launch.add_grads(x2, x.dtype, residual.dtype, dres_out, want_dresidual)
+    dy2, want = launch.dy_rows(dy, x2, x.dtype), (want_dweight, want_dbias)
     dw, db = launch.layer_norm_backward(saved, w, b_, (mean, rstd), dy2, grads, want, launch.policy())
-    dres = grads.dres.view(x.shape) if own and grads.dres is not None else _absent(x)
+    dres = _absent(x) if grads.dres is None else grads.dres.view(x.shape)
     return grads.dx.view(x.shape), dres, _absent(x) if dw is None else dw, _absent(x) if db is None else db
 
 
