@@ -198,22 +198,35 @@ class _DefaultEps:
         return prepared
 
 
+_GATE_NAMES = frozenset(GATES.values())
 # Per backend object: the execution-precision answers its gated questions have asked for.
 _EXECUTES_IN: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = weakref.WeakKeyDictionary()
 
 
+def _seen(backend: Backend) -> dict[str, str | None]:
+    try:
+        return _EXECUTES_IN.setdefault(backend, {})
+    except TypeError:  # not weakly referenceable: asked every time
+        return {}
+
+
 def _executes_in(backend: Backend, caps: Capabilities, gate: str, timeout: float) -> str | None:
     """The narrower dtype ``backend`` computes the gate question's op and dtype in (its matched answer,
-    where that is not the dtype itself), else None: asked once per backend object."""
-    try:
-        seen = _EXECUTES_IN.setdefault(backend, {})
-    except TypeError:  # not weakly referenceable: asked every time
-        seen = {}
-    if gate not in seen:
-        answer = ask(backend, caps, QUESTIONS[gate], timeout)
-        narrower = answer.outcome == "answered" and answer.matched and answer.answer != answer.reference
-        seen[gate] = answer.answer if narrower else None
-    return seen[gate]
+    where that is not the dtype itself), else None: asked once per backend object (``ask`` keeps the
+    answer of a gate question it is asked directly too)."""
+    seen = _seen(backend)
+    return seen[gate] if gate in seen else _narrower(ask(backend, caps, QUESTIONS[gate], timeout))
+
+
+def _narrower(answer: FingerprintRecord) -> str | None:
+    narrower = answer.outcome == "answered" and answer.matched and answer.answer != answer.reference
+    return answer.answer if narrower else None
+
+
+def _kept(backend: Backend, answer: FingerprintRecord) -> FingerprintRecord:
+    """A gate question's answer, kept for the questions it gates."""
+    _seen(backend)[answer.question] = _narrower(answer)
+    return answer
 
 
 def _run(target: Backend, probe: Probe, timeout: float) -> Execution:
@@ -229,7 +242,7 @@ def ask(backend: Backend, caps: Capabilities, question: Question, timeout: float
     probe = question.probe()
 
     def record(outcome: str, reason: str = "", **fields: Any) -> FingerprintRecord:
-        return FingerprintRecord(
+        made = FingerprintRecord(
             backend.name,
             question.name,
             outcome,
@@ -239,6 +252,7 @@ def ask(backend: Backend, caps: Capabilities, question: Question, timeout: float
             duration_s=time.perf_counter() - start,
             **fields,
         )
+        return _kept(backend, made) if question.name in _GATE_NAMES else made
 
     why = caps.why_not(probe.case, grad=probe.grad)
     if why is None and question.default_eps and not hasattr(backend, "prepare_default_eps"):
