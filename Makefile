@@ -12,6 +12,8 @@ BIN := $(VENV)/bin
 # What the conformance runs need (torch, triton, ONNX), then what the tests, lint and frameworks add.
 RUN_STAMP := $(VENV)/.normconf-run-installed
 STAMP := $(VENV)/.normconf-installed
+# Versions this project's own environments hold back (why: in the file); users' installs are not bound.
+CONSTRAINTS := .ci/constraints.txt
 PROFILE ?= ci
 WORKERS ?= auto
 
@@ -20,15 +22,15 @@ TOOLS := .normconf/tools
 
 .PHONY: setup tools conformance conformance-defaults conformance-reference conformance-frameworks porting test lint types bench bench-host gpu-aot
 
-$(RUN_STAMP): pyproject.toml Makefile
+$(RUN_STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --retries 1 $(TORCH) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet -e ".[all]"
+	$(BIN)/python -m pip install --quiet -e ".[all]" -c $(CONSTRAINTS)
 	touch $(RUN_STAMP)
 
 $(STAMP): $(RUN_STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[all,frameworks,test,lint]"
+	$(BIN)/python -m pip install --quiet -e ".[all,frameworks,test,lint]" -c $(CONSTRAINTS)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -17,6 +17,32 @@ from support.suite import SuiteRun, run_suite
 os.environ[cache.VARIABLE] = cache.OFF
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "heavy(seconds=0): takes tens of seconds on a 2-core machine (a subprocess run of the suite, a"
+        " build, a walk of a whole profile); run first, the longest (its seconds there) first, so a"
+        " parallel run does not end on one worker finishing it",
+    )
+    # pytest-xdist's default (load) scheduling hands each worker a quarter of its share of the tests
+    # up front in collection order; one test at a time keeps the heavy tests, collected first, spread
+    # over the workers. An explicit --maxschedchunk wins.
+    if getattr(config.option, "maxschedchunk", "absent") is None:
+        config.option.maxschedchunk = 1
+
+
+def _heaviness(item: pytest.Item) -> tuple[bool, float]:
+    marker = item.get_closest_marker("heavy")
+    if marker is None:
+        return True, 0.0
+    return False, -float(marker.args[0] if marker.args else 0.0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The heavy tests first, longest first; the others in their collected order (a stable sort)."""
+    items.sort(key=_heaviness)
+
+
 @pytest.fixture
 def suite(tmp_path: Path) -> Any:
     def run(*args: str, **kwargs: Any) -> SuiteRun:

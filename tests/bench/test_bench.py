@@ -74,6 +74,7 @@ def test_every_benchmark_runs_once_with_timing_disabled() -> None:
     assert all("unsupported:" in line for line in skips), skips
 
 
+@pytest.mark.heavy
 def test_every_backend_runs_once_with_timing_disabled() -> None:
     # torch-compile and the exporters are slow to prepare: one case each, every registered backend.
     done = bench(

@@ -146,6 +146,7 @@ def test_run_with_an_unknown_backend_is_a_usage_error(tmp_path):
     assert not (tmp_path / "results.jsonl").exists()
 
 
+@pytest.mark.heavy
 def test_run_writes_results_report_summary_and_shards_merge(tmp_path):
     common = [
         "--backend",

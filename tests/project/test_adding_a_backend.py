@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from support.guide import guide_files
 
 
+@pytest.mark.heavy
 def test_guide_package_installs_and_runs_by_name(tmp_path, suite):
     files = guide_files()
     assert set(files) == {"pyproject.toml", "example_rmsnorm.py"}

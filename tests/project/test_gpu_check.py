@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from support.suite import ROOT
 
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -41,6 +43,7 @@ def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[
     )
 
 
+@pytest.mark.heavy
 def test_quick_check_runs_the_backends_with_the_interpreter_given(tmp_path):
     _stub_nvidia_smi(tmp_path)
     done = _run(tmp_path, "--quick", DEVICE="cpu", BACKENDS="torch-functional", TIMINGS="0", AOT="0")
@@ -52,6 +55,7 @@ def test_quick_check_runs_the_backends_with_the_interpreter_given(tmp_path):
     assert "Stub GPU" in (out / "gpu_check.log").read_text()
 
 
+@pytest.mark.heavy
 def test_a_backend_off_the_expected_device_stops_the_check(tmp_path):
     _stub_nvidia_smi(tmp_path)
     done = _run(tmp_path, "--quick", BACKENDS="torch-functional", TIMINGS="0", AOT="0")

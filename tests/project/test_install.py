@@ -14,6 +14,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from support.guide import guide_files
 from support.suite import ROOT
 
@@ -42,6 +44,7 @@ def _built(tmp_path: Path) -> tuple[Path, Path]:
     return sdist, wheel
 
 
+@pytest.mark.heavy
 def test_wheel_in_a_fresh_venv_runs_both_commands_from_an_empty_folder(tmp_path):
     sdist, wheel = _built(tmp_path)
     with tarfile.open(sdist) as archive:
@@ -132,6 +135,7 @@ class BrokenRMSNorm(ExampleRMSNorm):
 """
 
 
+@pytest.mark.heavy
 def test_a_printed_reproduce_command_runs_from_the_users_folder(tmp_path):
     """The reproduce command of a failure, run as printed from the user's folder against the installed
     wheel: the one test fails again, into a scratch results file; the run's own results stay."""

@@ -17,6 +17,7 @@ for module in ("jax", "flax", "keras", "openvino", "transformers", "onnxruntime"
     pytest.importorskip(module)
 
 
+@pytest.mark.heavy(180)
 def test_the_conventions_table_is_regenerated_from_a_real_run() -> None:
     done = subprocess.run(
         [sys.executable, "scripts/porting_table.py", "--check"],

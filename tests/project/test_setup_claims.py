@@ -33,14 +33,28 @@ def test_make_conformance_installs_only_what_it_runs(tmp_path):
     installs = [line for line in lines if "pip install" in line and "--upgrade pip" not in line]
     assert len(installs) == 2, installs
     assert "torch==2.13.0" in installs[0] and f"--extra-index-url {CPU_INDEX}" in installs[0]
-    assert installs[1].endswith('-e ".[all]"')
+    assert installs[1].endswith('-e ".[all]" -c .ci/constraints.txt')
     assert not [line for line in lines if re.search(r"frameworks|lint|test\]", line)]
     assert lines[-1].split()[1:3] == ["run", "--profile"]
 
 
 def test_make_test_adds_the_test_lint_and_framework_packages(tmp_path):
     installs = [line for line in _dry_run("test", tmp_path) if "pip install" in line]
-    assert installs[-1].endswith('-e ".[all,frameworks,test,lint]"')
+    assert installs[-1].endswith('-e ".[all,frameworks,test,lint]" -c .ci/constraints.txt')
+
+
+def test_the_environment_holds_the_projects_constraints():
+    """Every requirement of .ci/constraints.txt holds in the environment running the tests (made by
+    make setup or tox): a test run here is not slowed by what the file holds back."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    lines = (ROOT / ".ci" / "constraints.txt").read_text().splitlines()
+    requirements = [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+    assert requirements
+    broken = [(str(r), version(r.name)) for r in requirements if version(r.name) not in r.specifier]
+    assert not broken, broken
 
 
 def test_every_torch_install_the_docs_give_takes_the_cpu_build():

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def _hung(records: list[dict]) -> list[dict]:
     """Records of calls that actually waited out the call timeout."""
     return [r for r in records if "hung" in r.get("extra", {})]
 
 
+@pytest.mark.heavy
 def test_a_backend_that_hangs_on_one_case_costs_one_timeout(suite):
     run = suite("--backend", "fake-hangs", "--profile", "smoke", "--call-timeout", "2")
     assert run.returncode == 1, run.output[-3000:]

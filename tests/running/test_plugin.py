@@ -75,6 +75,7 @@ def test_results_file_has_header_and_one_record_per_backend_case_check(suite):
     assert "normconf" in run.output and "results:" in run.output
 
 
+@pytest.mark.heavy
 def test_xdist_run_writes_one_file_with_the_same_records(suite, tmp_path):
     serial = suite("--backend", "fake-numpy", "--profile", "smoke")
     parallel = suite(

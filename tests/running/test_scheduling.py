@@ -56,6 +56,7 @@ def _prepares(log: Path) -> dict[str, set[str]]:
     return by_case
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("dist", [(), ("--dist", "load")], ids=["default", "explicit-load"])
 def test_xdist_prepares_each_signature_on_one_worker_unless_dist_is_given(suite, tmp_path, dist):
     log = tmp_path / "prepares.log"
@@ -85,6 +86,7 @@ def _light_signatures(cases: list[Case], count: int) -> list[str]:
     return sorted(sizes, key=lambda s: (sizes[s], s))[:count]
 
 
+@pytest.mark.heavy
 def test_the_slowest_scopes_of_earlier_runs_go_out_first(suite, tmp_path):
     cases = profiles.cases("smoke")
     cache = tmp_path / "cache"

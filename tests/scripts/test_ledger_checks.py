@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from support.shared import once
 from support.suite import ROOT
 
 SCRIPTS = ROOT / "scripts" / "ledger_checks"
@@ -189,15 +190,20 @@ def claimed(record: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("ledger_checks") / "results.jsonl"
-    suite_run(path)
-    lines = path.read_text().splitlines()
-    records = [json.loads(line) for line in lines]
-    passed = {(r["backend"], r["case"]["id"], r["check"]): r for r in records if r.get("outcome") == "passed"}
-    missing = [key for key in CLAIMED if key not in passed]
-    assert not missing, f"records expected to pass did not: {missing}"
-    path.write_text("\n".join([*lines, *(json.dumps(claimed(passed[key])) for key in CLAIMED)]) + "\n")
-    return path
+    def make(folder: Path) -> Any:
+        path = folder / "results.jsonl"
+        suite_run(path)
+        lines = path.read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        passed = {
+            (r["backend"], r["case"]["id"], r["check"]): r for r in records if r.get("outcome") == "passed"
+        }
+        missing = [key for key in CLAIMED if key not in passed]
+        assert not missing, f"records expected to pass did not: {missing}"
+        path.write_text("\n".join([*lines, *(json.dumps(claimed(passed[key])) for key in CLAIMED)]) + "\n")
+        return path
+
+    return once(tmp_path_factory, "ledger-checks", make)
 
 
 def verdicts(output: str) -> dict[Key, str]:

@@ -30,6 +30,7 @@ def _failing_outputs(record):
     return {c["output"] for c in record["comparisons"] if c["worst_ratio"] == "inf" or c["worst_ratio"] > 1}
 
 
+@pytest.mark.heavy
 def test_correct_float32_fake_passes_everything(suite):
     run = suite("--backend", "fake-numpy", "--profile", "ci", "-n", "2")
     assert run.returncode == 0, run.output[-3000:]
@@ -132,6 +133,7 @@ def test_misbehaving_adapter_is_that_cases_error(suite, fake, message):
     assert run.outcomes()["passed"] == len(run.records) - len(errors)
 
 
+@pytest.mark.heavy
 def test_native_crash_in_a_worker_is_reported_and_the_run_goes_on(suite):
     run = suite("--backend", "fake-crashes", "--profile", "smoke", "-n", "2")
     assert run.returncode == 1

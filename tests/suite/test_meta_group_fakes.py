@@ -8,6 +8,7 @@ included. The broken fakes share one suite run (ci profile, the two ops only) to
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from conformance.fingerprint import QUESTIONS
 from conformance.properties.catalog import PROPERTIES
 
+from support.shared import once
 from support.suite import SuiteRun, run_suite
 
 ARGS = ("-p", "fakes.group", "--op", "group_norm,instance_norm", "--profile", "ci")
@@ -50,7 +52,10 @@ def _failed(run: SuiteRun, fake: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
-    return run_suite(tmp_path_factory.mktemp("broken"), "--backend", ",".join(BROKEN), *ARGS)
+    def make(folder: Path) -> Any:
+        return run_suite(folder, "--backend", ",".join(BROKEN), *ARGS)
+
+    return once(tmp_path_factory, "group-fakes-broken", make)
 
 
 def test_correct_group_fake_passes_everything(suite: Any) -> None:

@@ -91,6 +91,7 @@ def test_group_normalization_on_the_wrong_axis_is_caught(suite):
         assert "output 'y' out of tolerance" in record["reason"]
 
 
+@pytest.mark.heavy(65)
 def test_both_backends_agree_with_the_oracle_in_one_run(suite):
     run = suite(
         "--backend",
@@ -132,6 +133,7 @@ def test_both_backends_agree_with_the_oracle_in_one_run(suite):
     assert jax_info and all(i["process"].startswith("child pid") for i in jax_info if "process" in i)
 
 
+@pytest.mark.heavy
 def test_a_child_that_dies_is_that_cases_error(suite):
     args = (
         "--backend",

@@ -5,6 +5,9 @@ library showed are failed by the suite where they matter."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -13,6 +16,7 @@ from conformance.adapter import registry
 from conformance.adapter.backend import BackendUnavailable, Unsupported
 from conformance.model.case import Case
 
+from support.shared import once
 from support.suite import TESTS, run_suite
 
 SOUND = [
@@ -55,11 +59,19 @@ def test_gemma_module_takes_only_its_own_offset():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("liger")
-    names = ",".join(SOUND + BROKEN)
-    return run_suite(
-        folder, "--backend", names, "--cases", str(TESTS / "data" / "liger_cases.json"), "-p", "fakes.liger"
-    )
+    def make(folder: Path) -> Any:
+        names = ",".join(SOUND + BROKEN)
+        return run_suite(
+            folder,
+            "--backend",
+            names,
+            "--cases",
+            str(TESTS / "data" / "liger_cases.json"),
+            "-p",
+            "fakes.liger",
+        )
+
+    return once(tmp_path_factory, "liger", make)
 
 
 def _by(run, backend):

@@ -170,6 +170,7 @@ def _dx_digest(tmp_path, name: str, cases: list[dict[str, object]]) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.heavy(70)
 def test_a_case_computes_the_same_whatever_compiled_first(tmp_path) -> None:
     # Without a canonical first compile, a float16 LayerNorm backward first compiled on 8 x 7 gets
     # kernels whose dx on 12 x 100 offset rows is ~70x more accurate than when 12 x 100 compiles it.

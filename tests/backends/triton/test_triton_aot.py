@@ -10,9 +10,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from support.shared import once
 from support.suite import ROOT, TESTS
 
 pytest.importorskip("triton")
@@ -49,12 +52,16 @@ def _run(args: list[str], timeout: int = 600, **env: str) -> subprocess.Complete
 
 @pytest.fixture(scope="module")
 def subset(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
-    out = tmp_path_factory.mktemp("aot") / "aot.json"
-    args = ["-m", "backends.triton.kernels.aot", "--targets", "sm_90,gfx942", "--sources", "ci"]
-    done = _run([*args, "--sample", "3", "--variants", "--jobs", "2", "--json", str(out)])
-    return done, json.loads(out.read_text()) if out.exists() else {}
+    def make(folder: Path) -> Any:
+        out = folder / "aot.json"
+        args = ["-m", "backends.triton.kernels.aot", "--targets", "sm_90,gfx942", "--sources", "ci"]
+        done = _run([*args, "--sample", "3", "--variants", "--jobs", "2", "--json", str(out)])
+        return done, json.loads(out.read_text()) if out.exists() else {}
+
+    return once(tmp_path_factory, "triton-aot-subset", make)
 
 
+@pytest.mark.heavy
 def test_the_fast_subset_compiles_and_passes_every_check(subset):
     done, data = subset
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -99,6 +106,7 @@ for name in ("sm_90", "gfx942"):
 """
 
 
+@pytest.mark.heavy(55)
 def test_the_checks_catch_each_broken_kernel():
     done = _run(["-c", _FAKES])
     assert done.returncode == 0, done.stderr[-4000:]
@@ -230,6 +238,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.heavy
 def test_the_figures_in_the_docs_are_this_enumerations():
     """docs/triton.md's table counts, per kernel and target, the specializations the current kernels and
     launch policy make: a change to the policy or to the kernels' flags without `make gpu-aot` leaves

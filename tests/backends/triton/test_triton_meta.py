@@ -13,9 +13,12 @@ restored before each call, while the values they return stay right.
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from support.shared import once
 from support.suite import run_suite
 
 pytest.importorskip("triton")
@@ -26,17 +29,19 @@ BROKEN, CONTROL = "fake-triton-masked-lanes", "fake-triton-rowwise"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("triton-meta")
-    cases = [
-        {"op": "layer_norm", "shape": [5, n], "dtype": dtype, "eps": 1e-5, "dist": dist}
-        for n in ROWS
-        for dtype in ("float32", "float16")
-        for dist in ("normal", "offset")
-    ]
-    (folder / "rows.json").write_text(json.dumps(cases))
-    # One run for both fakes: the interpreter's start-up is paid once.
-    args = ("--backend", f"{BROKEN},{CONTROL}", "--cases", str(folder / "rows.json"))
-    return run_suite(folder, *args, "-p", "fakes.triton")
+    def make(folder: Path) -> Any:
+        cases = [
+            {"op": "layer_norm", "shape": [5, n], "dtype": dtype, "eps": 1e-5, "dist": dist}
+            for n in ROWS
+            for dtype in ("float32", "float16")
+            for dist in ("normal", "offset")
+        ]
+        (folder / "rows.json").write_text(json.dumps(cases))
+        # One run for both fakes: the interpreter's start-up is paid once.
+        args = ("--backend", f"{BROKEN},{CONTROL}", "--cases", str(folder / "rows.json"))
+        return run_suite(folder, *args, "-p", "fakes.triton")
+
+    return once(tmp_path_factory, "triton-meta", make)
 
 
 def _row(record):
@@ -79,16 +84,18 @@ CHANNEL_STATS, GROUP_DWEIGHT = "fake-triton-gn-channel-stats", "fake-triton-gn-g
 
 @pytest.fixture(scope="module")
 def gn_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("triton-gn-meta")
-    cases = [
-        {"op": "group_norm", "shape": list(shape), "dtype": "float32", "eps": 1e-5, "num_groups": groups}
-        for shape, choices in GN_SHAPES.items()
-        for groups in choices
-    ]
-    (folder / "groups.json").write_text(json.dumps(cases))
-    backends = f"{GN_CONTROL},{CHANNEL_STATS},{GROUP_DWEIGHT}"
-    args = ("--backend", backends, "--cases", str(folder / "groups.json"))
-    return run_suite(folder, *args, "-p", "fakes.triton")
+    def make(folder: Path) -> Any:
+        cases = [
+            {"op": "group_norm", "shape": list(shape), "dtype": "float32", "eps": 1e-5, "num_groups": groups}
+            for shape, choices in GN_SHAPES.items()
+            for groups in choices
+        ]
+        (folder / "groups.json").write_text(json.dumps(cases))
+        backends = f"{GN_CONTROL},{CHANNEL_STATS},{GROUP_DWEIGHT}"
+        args = ("--backend", backends, "--cases", str(folder / "groups.json"))
+        return run_suite(folder, *args, "-p", "fakes.triton")
+
+    return once(tmp_path_factory, "triton-gn-meta", make)
 
 
 def _groups(record):
@@ -139,16 +146,18 @@ UNDECLARED, STALE, NO_RESTORE = (f"{IN_PLACE}-{bug}" for bug in ("undeclared", "
 
 @pytest.fixture(scope="module")
 def in_place_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("triton-inplace-meta")
-    cases = [
-        {"op": op, "shape": [4, 40], "dtype": dtype, "eps": 1e-5, "norm_input": norm_input}
-        for op in ("add_rms_norm", "add_layer_norm")
-        for dtype, norm_input in (("bfloat16", "rounded"), ("bfloat16", "exact"), ("float32", "rounded"))
-    ]
-    (folder / "add.json").write_text(json.dumps(cases))
-    backends = ",".join((IN_PLACE, UNDECLARED, STALE, NO_RESTORE))
-    args = ("--backend", backends, "--cases", str(folder / "add.json"))
-    return run_suite(folder, *args, "-p", "fakes.triton")
+    def make(folder: Path) -> Any:
+        cases = [
+            {"op": op, "shape": [4, 40], "dtype": dtype, "eps": 1e-5, "norm_input": norm_input}
+            for op in ("add_rms_norm", "add_layer_norm")
+            for dtype, norm_input in (("bfloat16", "rounded"), ("bfloat16", "exact"), ("float32", "rounded"))
+        ]
+        (folder / "add.json").write_text(json.dumps(cases))
+        backends = ",".join((IN_PLACE, UNDECLARED, STALE, NO_RESTORE))
+        args = ("--backend", backends, "--cases", str(folder / "add.json"))
+        return run_suite(folder, *args, "-p", "fakes.triton")
+
+    return once(tmp_path_factory, "triton-inplace-meta", make)
 
 
 def _outcomes(run, backend, check):
