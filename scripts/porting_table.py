@@ -2,8 +2,8 @@
 
 Usage: python scripts/porting_table.py [--check] [--results FILE]
 
-Without --results it first runs the fingerprint (``pytest conformance -k test_fingerprint --backend
-all,frameworks --profile full``) on this machine. The table between the two markers of
+Without --results it first runs the fingerprint (``pytest --pyargs conformance.suite.test_fingerprint
+--backend all,frameworks --profile full``) on this machine. The table between the two markers of
 docs/porting.md is replaced by ``normconf conventions RESULTS --format md``; with --check nothing is
 written and the exit status is 1 when the page's table differs from the regenerated one
 (tests/project/test_porting_doc.py runs that).
@@ -27,7 +27,9 @@ BACKENDS = "all,frameworks"
 
 def fingerprint(results: Path, workers: str) -> None:
     """Run every fingerprint question on every backend available here, into ``results``."""
-    command = [sys.executable, "-m", "pytest", "conformance", "-k", "test_fingerprint", "-q"]
+    # The fingerprint module alone: `-k test_fingerprint` over `conformance` would collect every check
+    # of every backend (~235,000 tests of the full profile) to deselect all but 1,357 of them.
+    command = [sys.executable, "-m", "pytest", "--pyargs", "conformance.suite.test_fingerprint", "-q"]
     command += ["--backend", BACKENDS, "-p", "no:cacheprovider", "--results", str(results), "-n", workers]
     # The full profile: no fingerprint time budget, so a slow backend (an export, a compile) answers
     # every question instead of skipping the ones its budget did not reach.
@@ -58,7 +60,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 when the page differs")
     parser.add_argument("--results", type=Path, help="a results file with fingerprint records to use")
-    parser.add_argument("-n", dest="workers", default="2", help="pytest-xdist workers for the run")
+    # One process by default: on a 2-core machine two workers took longer (each loads every backend).
+    parser.add_argument("-n", dest="workers", default="0", help="pytest-xdist workers for the run")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         results = args.results
