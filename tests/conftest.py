@@ -24,11 +24,9 @@ def pytest_configure(config: pytest.Config) -> None:
         " build, a walk of a whole profile); run first, the longest (its seconds there) first, so a"
         " parallel run does not end on one worker finishing it",
     )
-    # pytest-xdist's default (load) scheduling hands each worker a quarter of its share of the tests
-    # up front in collection order; one test at a time keeps the heavy tests, collected first, spread
-    # over the workers. An explicit --maxschedchunk wins.
-    if getattr(config.option, "maxschedchunk", "absent") is None:
-        config.option.maxschedchunk = 1
+    # xdist's default (load) scheduling is kept: handing tests out one at a time (--maxschedchunk 1)
+    # spread each module's tests over both workers, so module fixtures ran or waited twice, and a CI
+    # make test took 17 min 27 s against 15 min 55 s (docs/benchmarks.md).
 
 
 def _heaviness(item: pytest.Item) -> tuple[bool, float]:

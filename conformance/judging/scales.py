@@ -30,7 +30,11 @@ _SQUARES_NORMAL = (1e-150, 1e150)
 
 
 def _rms(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)].astype(np.float64)
+    # The same float64 elements in the same (C) order as values[isfinite].astype(float64), hence the
+    # same sums, without the two copies of an all-finite float64 array (most outputs and dy).
+    wide = np.asarray(values, dtype=np.float64)
+    mask = np.isfinite(wide)
+    finite = wide.reshape(-1) if mask.all() else wide[mask]
     if not finite.size:
         return 0.0
     largest = float(np.max(np.abs(finite)))
