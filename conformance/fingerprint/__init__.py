@@ -23,6 +23,7 @@ from conformance.fingerprint.cases import Probe
 from conformance.fingerprint.emulate import emulate
 from conformance.fingerprint.questions import GATES, QUESTIONS, Question
 from conformance.model.case import BATCH_NORM, GROUP_NORM, GROUP_OPS, Case
+from conformance.model.dtypes import round_to
 from conformance.model.geometry import geometry
 from conformance.model.outputs import output_shape, produced
 from conformance.results.fingerprints import NOT_ASKABLE, FingerprintRecord
@@ -75,6 +76,25 @@ def mismatch(actual: np.ndarray, predicted: np.ndarray, mask: np.ndarray) -> flo
     p = np.asarray(predicted, dtype=np.float64)
     differ = ~((a == p) | (np.isnan(a) & np.isnan(p)))
     return float(differ[mask].mean())
+
+
+def grid_error(actual: np.ndarray, predicted: np.ndarray, narrow: str = "bfloat16") -> float:
+    """The larger of: how far apart the shares of finite elements that lie on ``narrow``'s grid are
+    (actual against predicted: 1 where one is all on it and the other all off), and twice
+    ``rel_error`` (a few of ``narrow``'s ulps stay within a 0.1 noise). An execution-precision reading
+    that holds wherever a policy rounds inside the op (inputs, x * rstd, the weight product): each
+    leaves outputs of ``narrow``, which outputs computed in a wider dtype almost never are."""
+    a = np.asarray(actual).astype(np.float64)
+    p = np.asarray(predicted, dtype=np.float64)
+    return max(abs(_on_grid(a, narrow) - _on_grid(p, narrow)), 2.0 * rel_error(a, p))
+
+
+def _on_grid(values: np.ndarray, narrow: str) -> float:
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return 0.0
+    with np.errstate(over="ignore"):
+        return float(np.mean(round_to(finite, narrow).astype(np.float64) == finite))
 
 
 def infer_eps(case: Case, inputs: Mapping[str, np.ndarray], y: np.ndarray) -> dict[str, tuple[float, float]]:
@@ -180,6 +200,8 @@ FIT: dict[str, float] = {"float64": 1e-9, "float32": 1e-4, "float16": 0.02, "bfl
 def _error(question: Question, probe: Probe, output: str, actual: np.ndarray, predicted: np.ndarray) -> float:
     if question.metric == "mismatch":
         return mismatch(actual, predicted, probe.mask[output])
+    if question.metric == "grid":
+        return grid_error(actual, predicted)
     return rel_error(actual, predicted)
 
 

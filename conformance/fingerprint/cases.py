@@ -79,9 +79,10 @@ def eps_bn(dtype: str = "float32") -> Callable[[], Probe]:
 # rows' mean is 0, so a one-pass variance is as exact as a two-pass one.
 TINY = 2.0**-80
 TINY_EPS = 1e-60
-# float32 inputs: 1 +- 2^-9 is a float32 (and a float16) but not a bfloat16 (whose step at 1 is
-# 2^-7): in float32 the centred rows normalize to +-1 (one-pass or two-pass: 1 + 2^-18 is a float32
-# too); rounded to bfloat16 they are constant and y is 0. The first row is the same in every dtype.
+# float32 and float16 inputs: 1 +- 2^-9 is a float32 and a float16 but not a bfloat16 (whose step at 1
+# is 2^-7): in float32 or float16 (statistics in float32) the centred rows normalize to +-1 (one-pass or
+# two-pass: 1 + 2^-18 is a float32 too); rounded to bfloat16 they are constant and y is 0. The first row
+# is the same in every dtype.
 HALF_STEP = 2.0**-9
 CANCEL_EPS = 1e-12
 
@@ -104,11 +105,37 @@ def execution_row(op: str, dtype: str) -> Callable[[], Probe]:
     return make
 
 
-def execution_groups(op: str) -> Callable[[], Probe]:
-    """The float32 execution probe's rows as the groups of a GN/IN case."""
+def execution_add(op: str, dtype: str) -> Callable[[], Probe]:
+    """The add ops' cancelling rows, made by the add: x of the execution rows and a residual of -1 (0 on
+    the first row), so the sums are +-1, then +-2^-9 (exact in ``dtype``, float32 or float16). Rounded
+    to bfloat16 first, x of 1 +- 2^-9 is 1 and the sums are 0: y = 0 for RMSNorm as for LayerNorm."""
 
     def make() -> Probe:
-        return group_probe(op, _cancelling_rows(4), "float32", CANCEL_EPS)
+        case = Case(op, (3, 4), dtype, CANCEL_EPS)
+        residual = np.vstack([np.zeros((1, 4)), -np.ones((2, 4))])
+        return _with_residual(case, _cancelling_rows(3), residual, ("y",))
+
+    return make
+
+
+def execution_rms(dtype: str) -> Callable[[], Probe]:
+    """RMSNorm has nothing to cancel in: 16 x 16 normal rows, weights ~ N(1, 0.25), read on the
+    bfloat16 grid (questions.py: metric ``grid``)."""
+
+    def make() -> Probe:
+        case = Case("rms_norm", (16, 16), dtype, 1e-6)
+        return row_probe(
+            case, probes.seeded(31, case.shape), weight=probes.seeded(32, (16,), loc=1.0, scale=0.25)
+        )
+
+    return make
+
+
+def execution_groups(op: str, dtype: str = "float32") -> Callable[[], Probe]:
+    """The float32 (float16) execution probe's rows as the groups of a GN/IN case."""
+
+    def make() -> Probe:
+        return group_probe(op, _cancelling_rows(4), dtype, CANCEL_EPS)
 
     return make
 

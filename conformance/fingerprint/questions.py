@@ -17,7 +17,7 @@ import numpy as np
 from conformance.fingerprint import cases
 from conformance.fingerprint.cases import Probe
 from conformance.fingerprint.emulate import REFERENCE, Convention, emulate
-from conformance.model.case import ADD_LAYER_NORM, ADD_RMS_NORM, GROUP_NORM, INSTANCE_NORM, Case
+from conformance.model.case import ADD_LAYER_NORM, ADD_OPS, ADD_RMS_NORM, GROUP_NORM, INSTANCE_NORM, Case
 from conformance.model.dtypes import ulp, unit_roundoff
 
 Family = tuple[Convention, ...]
@@ -31,7 +31,9 @@ class Question:
     """One convention question: ``hypotheses`` name families of conventions, ``reference`` is normconf's.
 
     ``metric`` "rel" is max |actual - predicted| / rms(predicted); "mismatch" the fraction of masked
-    elements whose bits differ from the prediction. ``default_eps`` probes run with the library's eps.
+    elements whose bits differ from the prediction; "grid" (RMSNorm's execution precision) how far the
+    shares of outputs on the bfloat16 grid differ, or twice "rel" where that is larger. ``default_eps``
+    probes run with the library's eps.
     """
 
     name: str
@@ -128,9 +130,15 @@ EXECUTION_FLOAT64 = {
     "float64": _one(),
     "float32": tuple(replace(REFERENCE, execute=f"float32{how}") for how in ("", "-saturating", "-nan")),
 }
-EXECUTION_FLOAT32 = {"float32": _one(), "bfloat16": _one(execute="bfloat16")}
+# float32 or float16 inputs computed in their dtype, or in bfloat16 throughout.
+EXECUTION_NARROWED = {
+    dtype: {dtype: _one(), "bfloat16": _one(execute="bfloat16")} for dtype in ("float32", "float16")
+}
 # Outputs of +-1 against 0 or +-inf: a narrower dtype's rounding of them is far inside this.
 EXECUTION_NOISE = 0.05
+# The grid metric (fingerprint.grid_error): shares on the bfloat16 grid of ~0 or ~1/8 (float32, float16
+# outputs) against 1, values within a few bfloat16 ulps.
+GRID_NOISE = 0.1
 EPS_DTYPE = {"as-given": _one(), "float32": _one(eps_dtype="float32")}
 VARIANCE = {"biased": _one(), "unbiased": _one(variance="unbiased")}
 PASSES = {"two-pass": _one(), "one-pass": _one(passes="one")}
@@ -163,16 +171,17 @@ STREAM = {"activation": _one(), "float32": _one(stream="float32")}
 
 # ----------------------------------------------------------------------------- the table
 # (op, probe dtype) -> the question whose answer says whether that op computes in that dtype: a probe of
-# that op and dtype is only askable where it does. RMSNorm has no centring to cancel in, so its float32
-# question is not asked (a bfloat16 policy changes its outputs by rounding only).
+# that op and dtype is only askable where it does. The ops that centre (and the add ops, in their sum)
+# are probed by cancellation: y = +-1 against 0. RMSNorm has nothing to cancel in; a bfloat16 policy
+# moves its outputs by a few bfloat16 ulps only, so its questions read whether the outputs lie on the
+# bfloat16 grid (metric "grid").
+_CANCELLING = ("layer_norm", "batch_norm", "group_norm", "instance_norm", "add_layer_norm", "add_rms_norm")
 EXECUTION = (
     ("layer_norm", "float64"),
     ("rms_norm", "float64"),
     ("batch_norm", "float64"),
-    ("layer_norm", "float32"),
-    ("batch_norm", "float32"),
-    ("group_norm", "float32"),
-    ("instance_norm", "float32"),
+    *((op, "float32") for op in (*_CANCELLING, "rms_norm") if op not in ADD_OPS),
+    *((op, "float16") for op in (*_CANCELLING, "rms_norm")),
 )
 GATES = {(op, dtype): f"{op}.execution.{dtype}" for op, dtype in EXECUTION}
 
@@ -181,8 +190,16 @@ def _execution_probe(op: str, dtype: str) -> Callable[[], Probe]:
     if op == "batch_norm":
         return cases.execution_bn(dtype)
     if op in (GROUP_NORM, INSTANCE_NORM):
-        return cases.execution_groups(op)
+        return cases.execution_groups(op, dtype)
+    if op in ADD_OPS:
+        return cases.execution_add(op, dtype)
+    if op == "rms_norm" and dtype != "float64":
+        return cases.execution_rms(dtype)
     return cases.execution_row(op, dtype)
+
+
+def _execution_metric(op: str, dtype: str) -> str:
+    return "grid" if op == "rms_norm" and dtype != "float64" else "rel"
 
 
 def _questions() -> list[Question]:
@@ -194,9 +211,10 @@ def _questions() -> list[Question]:
                 f"{op}.execution.{dtype}",
                 f"{dtype} inputs: computed in {dtype}, or in a narrower dtype throughout",
                 _execution_probe(op, dtype),
-                EXECUTION_FLOAT64 if dtype == "float64" else EXECUTION_FLOAT32,
+                EXECUTION_FLOAT64 if dtype == "float64" else EXECUTION_NARROWED[dtype],
                 dtype,
-                fixed_noise=EXECUTION_NOISE,
+                metric=_execution_metric(op, dtype),
+                fixed_noise=GRID_NOISE if _execution_metric(op, dtype) == "grid" else EXECUTION_NOISE,
             )
             for op, dtype in EXECUTION
         ),

@@ -10,7 +10,7 @@ import pytest
 
 import conformance
 from conformance import oracle
-from conformance.fingerprint import QUESTIONS, ask, classify, judge, sums
+from conformance.fingerprint import QUESTIONS, ask, classify, grid_error, judge, rel_error, sums
 from conformance.fingerprint.emulate import REFERENCE, emulate
 from conformance.model.case import Case
 from conformance.model.dtypes import round_to
@@ -406,13 +406,14 @@ def test_a_class_without_a_bias_is_asked_with_the_probes_bias_left_out(fake, cha
     [
         ("fake-float64-in-float32", "float64", "float32"),
         ("fake-executes-float32-in-bfloat16", "float32", "bfloat16"),
+        ("fake-executes-float16-in-bfloat16", "float16", "bfloat16"),
     ],
 )
 def test_an_execution_precision_policy_is_named_and_gates_the_probes_of_that_dtype(fake, given, executes):
     from conformance.fingerprint.questions import GATES
 
     import fakes.ledger
-    import fakes.precision  # noqa: F401  (registers fake-executes-float32-in-bfloat16)
+    import fakes.precision  # noqa: F401  (registers the fake-executes-*-in-bfloat16 fakes)
 
     backend = _backend(fake)
     answers = _answers(backend)
@@ -436,3 +437,14 @@ def test_an_execution_precision_policy_is_named_and_gates_the_probes_of_that_dty
         assert not reference[name].answer.startswith("not askable"), name
     for name in gates:
         assert reference[name].answer == QUESTIONS[name].reference
+
+
+def test_the_grid_metric_reads_outputs_on_the_bfloat16_grid_apart_from_values_within_rounding():
+    wide = np.random.default_rng(5).standard_normal(256).astype(np.float32).astype(np.float64)
+    narrow = round_to(wide, "bfloat16").astype(np.float64)
+    # Within a bfloat16 rounding of each other, yet one is all on the grid and the other all off it.
+    assert rel_error(narrow, wide) < 0.02
+    assert grid_error(narrow, wide) == 1.0 and grid_error(wide, narrow) == 1.0
+    assert grid_error(narrow, narrow) == 0.0 and grid_error(wide, wide) == 0.0
+    # On the same grid, values far apart still count: twice the relative error.
+    assert grid_error(narrow, 2 * narrow) == pytest.approx(2 * rel_error(narrow, 2 * narrow))
