@@ -33,7 +33,10 @@ class Convention:
     stats: str = "float32"  # float32 (float64 stays float64) | "activation": the input dtype
     reduce: str = "wide"  # one rounding per reduction | "narrow": accumulate in the working dtype
     variance_of: str = "x"  # two-pass variance about the exact mean | "centred": of the rounded x - mean
-    normalize: str = "divide"  # d / s | "reciprocal": d * (1 / s) | "reciprocal_wide": 1 / s in float32
+    # d / s | "reciprocal": d * (1 / s) | "reciprocal_wide": 1 / s in float32 | "scaled": centred after
+    # scaling, x * inv + (b - mean * inv) with inv = w / s (Keras' GroupNormalization and BatchNorm, JAX's
+    # BatchNorm in eval mode): the large x * inv and mean * inv cancel in the working dtype.
+    normalize: str = "divide"
     axes: str = "trailing"  # LN/RMS: the trailing norm_ndim dims | "last": the last dim only
     # GN/IN: statistics over each group of channels | "channel": per channel (GroupNorm as InstanceNorm)
     groups: str = "group"
@@ -159,12 +162,29 @@ def _normalized(d: Array, s: Array, w: _Work, conv: Convention) -> tuple[Array, 
     with np.errstate(divide="ignore", invalid="ignore"):
         if conv.normalize == "divide":
             return w.r(d / s), 1.0 / s, w.r
-        if conv.normalize == "reciprocal":
+        if conv.normalize in ("reciprocal", "scaled"):  # scaled: y is _scaled's, xhat for dx
             rstd = w.r(1.0 / s)
             return w.r(d * rstd), rstd, w.r
         wide = rounder("float32")
         rstd = wide(1.0 / s)
         return wide(d * rstd), rstd, wide
+
+
+def _scaled(
+    case: Case, inputs: Mapping[str, Array], x: Array, mean: Array, s: Array, w: _Work, conv: Convention
+) -> Array:
+    """y as ``x * inv + (b - mean * inv)``, inv = w / s, each step rounded in the working dtype (the
+    gradients, where asked, are the divide form's: the same function)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = w.r(1.0 / s)
+        weight = _param(case, inputs, "weight", x.ndim, conv)
+        if weight is not None:
+            inv = w.r(inv * weight)
+        shift = w.r(-mean * inv)
+        bias = _param(case, inputs, "bias", x.ndim, conv)
+        if bias is not None and conv.bias == "applied":
+            shift = w.r(shift + bias)
+        return w.r(w.r(x * inv) + shift)
 
 
 def _statistics(
@@ -288,6 +308,8 @@ def emulate(
     d = x if case.op in RMS_OPS else w.r(x - mean)
     xhat, rstd, tail = _normalized(d, s, w, conv)
     y, scale = _affine(case, inputs, xhat, tail, conv)
+    if conv.normalize == "scaled" and case.op not in RMS_OPS:
+        y = _scaled(case, inputs, x, mean, s, w, conv)
     out = {"y": rounder(case.dtype)(y).reshape(case.shape), "y@wide": y.reshape(case.shape), **streamed}
     if case.training:
         count = int(np.prod([x.shape[a] for a in axes]))

@@ -524,6 +524,10 @@ def _with_nuisance(question: Question) -> Question:
         nuisance += [{**changes, "groups": "channel"} for changes in nuisance]
     if question.hypotheses is EPS_DTYPE:
         nuisance += [{**changes, "eps": "std"} for changes in nuisance]
+    if question.hypotheses is PASSES:
+        # A one-pass variance in the form that centres after scaling (Keras' GroupNormalization): the
+        # probe's cancelling rows give var = 0 either way, but x * inv rounds where d / s does not.
+        nuisance += [{**changes, "normalize": "scaled"} for changes in nuisance]
     if question.hypotheses is STATS and question.op in _CENTRING:
         # float32 statistics with a one-pass variance (Flax, Keras, ONNX Runtime's GroupNorm) are float32
         # statistics: without this variant they read as neither.

@@ -78,6 +78,11 @@ class GroupFake:
         values: F = inputs[name].astype(w).reshape(geometry(case).param_shape)
         return values
 
+    def affine(self, x: F, mean: F, rstd: F, xhat: F, weight: F | None, bias: F | None) -> F:
+        """y from the normalized values: xhat * weight + bias."""
+        y = xhat if weight is None else xhat * weight
+        return y if bias is None else y + bias
+
     def running(self, case: Case, inputs: dict[str, F], mean: F, var: F, w: Any) -> dict[str, F]:
         """InstanceNorm's update: the batch mean of the instance means and unbiased instance variances."""
         n, c = case.shape[:2]
@@ -108,8 +113,7 @@ class GroupFake:
         rstd = self.rstd(var, case.eps)
         xhat = (x - mean) * rstd
         weight, bias = self.param(case, inputs, "weight", w), self.param(case, inputs, "bias", w)
-        y = xhat if weight is None else xhat * weight
-        out["y"] = y if bias is None else y + bias
+        out["y"] = self.affine(x, mean, rstd, xhat, weight, bias)
         if grad:
             dy = inputs["dy"].astype(w).reshape(geo.shape)
             g = dy if weight is None else dy * weight
@@ -166,6 +170,20 @@ class OnePassVariance(GroupFake):
     def stats(self, x: F, axes: Axes) -> tuple[F, F]:
         mean = x.mean(axis=axes, keepdims=True)
         return mean, np.square(x).mean(axis=axes, keepdims=True) - np.square(mean)
+
+
+@conformance.register("fake-gn-one-pass-scaled")
+class OnePassScaled(OnePassVariance):
+    """The one-pass variance in the form Keras' GroupNormalization computes: centred after scaling,
+    x * inv + (bias - mean * inv) with inv = weight * rstd, where the large products cancel."""
+
+    name = "fake-gn-one-pass-scaled"
+
+    def affine(self, x: F, mean: F, rstd: F, xhat: F, weight: F | None, bias: F | None) -> F:
+        inv = rstd if weight is None else rstd * weight
+        shift = -mean * inv if bias is None else bias - mean * inv
+        y: F = x * inv + shift
+        return y
 
 
 @conformance.register("fake-in-frozen-running-stats")

@@ -57,6 +57,8 @@ CONVENTIONS = {
     "fake-gn-per-channel-stats": {"group_norm.groups": "per-channel"},
     "fake-gn-per-group-affine": {"group_norm.affine": "per-group"},
     "fake-gn-one-pass-variance": {"group_norm.passes": "one-pass", "instance_norm.passes": "one-pass"},
+    # The same variance centred after scaling (Keras' GroupNormalization): one-pass all the same.
+    "fake-gn-one-pass-scaled": {"group_norm.passes": "one-pass", "instance_norm.passes": "one-pass"},
     "fake-in-frozen-running-stats": {
         "instance_norm.momentum": "not-updated",
         "instance_norm.momentum_none": "as-0",
