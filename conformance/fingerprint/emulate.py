@@ -56,6 +56,10 @@ class Convention:
     # to the dtype's largest finite value (OpenVINO's CPU plugin returns those instead of inf);
     # "<dtype>-nan": infinities as NaN (x * inv - mean * inv, JAX's form, gives inf - inf where inv is).
     execute: str = "case"
+    # How a bfloat16 y is rounded from its float32 value: to nearest (even) | "guard": from the guard bit
+    # alone, the bits below it dropped, so a value above the midpoint rounds to even like a tie (OpenVINO's
+    # CPU plugin: a quarter of its outputs round down where round-to-nearest rounds up).
+    output_round: str = "nearest"
 
 
 REFERENCE = Convention()
@@ -170,6 +174,25 @@ def _normalized(d: Array, s: Array, w: _Work, conv: Convention) -> tuple[Array, 
         return wide(d * rstd), rstd, wide
 
 
+def _to_dtype(case: Case, conv: Convention) -> Round:
+    """The conversion of a float32 result to the case's dtype (y, and xhat cast before the weight)."""
+    return (
+        _guard_rounded if conv.output_round == "guard" and case.dtype == "bfloat16" else rounder(case.dtype)
+    )
+
+
+def _guard_rounded(values: Array) -> Array:
+    """bfloat16 from the float32 value's guard bit alone: up only where that bit is set and the kept
+    last bit is odd (round half to even, every value past the midpoint taken for a tie)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        bits = np.asarray(values, dtype=np.float64).astype(np.float32).view(np.uint32)
+    kept = bits & np.uint32(0xFFFF0000)
+    up = ((bits & np.uint32(0x8000)) != 0) & (((bits >> np.uint32(16)) & np.uint32(1)) == 1)
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    rounded = np.where(up & finite, kept + np.uint32(0x10000), kept).astype(np.uint32)
+    return rounded.view(np.float32).astype(np.float64)
+
+
 def _scaled(
     case: Case, inputs: Mapping[str, Array], x: Array, mean: Array, s: Array, w: _Work, conv: Convention
 ) -> Array:
@@ -216,7 +239,7 @@ def _affine(
     y = xhat
     if scale is not None:
         if conv.weight_cast == "after":
-            y = rounder(case.dtype)(rounder(case.dtype)(xhat) * scale)
+            y = rounder(case.dtype)(_to_dtype(case, conv)(xhat) * scale)
         else:
             y = tail(xhat * scale)
     bias = _param(case, inputs, "bias", xhat.ndim, conv)
@@ -310,7 +333,7 @@ def emulate(
     y, scale = _affine(case, inputs, xhat, tail, conv)
     if conv.normalize == "scaled" and case.op not in RMS_OPS:
         y = _scaled(case, inputs, x, mean, s, w, conv)
-    out = {"y": rounder(case.dtype)(y).reshape(case.shape), "y@wide": y.reshape(case.shape), **streamed}
+    out = {"y": _to_dtype(case, conv)(y).reshape(case.shape), "y@wide": y.reshape(case.shape), **streamed}
     if case.training:
         count = int(np.prod([x.shape[a] for a in axes]))
         out.update(_running(case, inputs, mean, var, count, conv))

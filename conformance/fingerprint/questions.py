@@ -524,6 +524,9 @@ def _with_nuisance(question: Question) -> Question:
         nuisance += [{**changes, "groups": "channel"} for changes in nuisance]
     if question.hypotheses is EPS_DTYPE:
         nuisance += [{**changes, "eps": "std"} for changes in nuisance]
+    if question.metric == "mismatch" and question.make().case.dtype == "bfloat16":
+        # Read bit for bit: each hypothesis with OpenVINO's bfloat16 rounding too (emulate.py).
+        nuisance += [{**changes, "output_round": "guard"} for changes in nuisance]
     if question.hypotheses is PASSES:
         # A one-pass variance in the form that centres after scaling (Keras' GroupNormalization): the
         # probe's cancelling rows give var = 0 either way, but x * inv rounds where d / s does not.

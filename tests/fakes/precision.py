@@ -40,3 +40,23 @@ class Float16InBfloat16(Float32InBfloat16):
 
     name = "fake-executes-float16-in-bfloat16"
     given = "float16"
+
+
+@conformance.register("fake-bf16-guard-rounding")
+class Bfloat16GuardRounding(NumpyFake):
+    """bfloat16 y converted from float32 by its guard bit alone (the bits below it dropped, then round half
+    to even), as OpenVINO's CPU plugin converts: a value past the midpoint whose kept last bit is even
+    rounds down. Correct in every other respect; the fingerprint's bit-level questions must still name
+    its conventions (the reference ones)."""
+
+    name = "fake-bf16-guard-rounding"
+
+    def _rounded(self, case: Case, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rounded = super()._rounded(case, out)
+        if case.dtype == "bfloat16" and "y" in out:
+            wide = np.asarray(out["y"], dtype=np.float32)
+            bits = (wide.view(np.uint32) >> 15).astype(np.uint64)  # the bfloat16 bits and the guard bit
+            guard, odd = bits & 1, (bits >> 1) & 1
+            kept = (bits >> 1) + (guard & odd)
+            rounded["y"] = (kept << 16).astype(np.uint32).view(np.float32).astype(rounded["y"].dtype)
+        return rounded
