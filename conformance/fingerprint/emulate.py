@@ -15,7 +15,7 @@ import numpy as np
 
 from conformance.model import residual
 from conformance.model.case import ADD_OPS, BATCH_NORM, CHANNEL_OPS, GROUP_OPS, INSTANCE_NORM, RMS_OPS, Case
-from conformance.model.dtypes import finfo, round_to
+from conformance.model.dtypes import finfo, round_to, truncating_bfloat16
 from conformance.model.geometry import geometry
 
 Array = np.ndarray
@@ -58,7 +58,8 @@ class Convention:
     execute: str = "case"
     # How a bfloat16 y is rounded from its float32 value: to nearest (even) | "guard": from the guard bit
     # alone, the bits below it dropped, so a value above the midpoint rounds to even like a tie (OpenVINO's
-    # CPU plugin: a quarter of its outputs round down where round-to-nearest rounds up).
+    # CPU plugin, dtypes.truncating_bfloat16: a quarter of its outputs round down where round-to-nearest
+    # rounds up).
     output_round: str = "nearest"
 
 
@@ -176,21 +177,9 @@ def _normalized(d: Array, s: Array, w: _Work, conv: Convention) -> tuple[Array, 
 
 def _to_dtype(case: Case, conv: Convention) -> Round:
     """The conversion of a float32 result to the case's dtype (y, and xhat cast before the weight)."""
-    return (
-        _guard_rounded if conv.output_round == "guard" and case.dtype == "bfloat16" else rounder(case.dtype)
-    )
-
-
-def _guard_rounded(values: Array) -> Array:
-    """bfloat16 from the float32 value's guard bit alone: up only where that bit is set and the kept
-    last bit is odd (round half to even, every value past the midpoint taken for a tie)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        bits = np.asarray(values, dtype=np.float64).astype(np.float32).view(np.uint32)
-    kept = bits & np.uint32(0xFFFF0000)
-    up = ((bits & np.uint32(0x8000)) != 0) & (((bits >> np.uint32(16)) & np.uint32(1)) == 1)
-    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
-    rounded = np.where(up & finite, kept + np.uint32(0x10000), kept).astype(np.uint32)
-    return rounded.view(np.float32).astype(np.float64)
+    if conv.output_round == "guard" and case.dtype == "bfloat16":
+        return truncating_bfloat16
+    return rounder(case.dtype)
 
 
 def _scaled(

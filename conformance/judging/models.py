@@ -19,7 +19,7 @@ import numpy as np
 from conformance import oracle
 from conformance.model import residual
 from conformance.model.case import ADD_OPS, BATCH_NORM, GROUP_NORM, LAYER_OPS, Case
-from conformance.model.dtypes import numpy_dtype, round_to, stats_dtype, unit_roundoff
+from conformance.model.dtypes import numpy_dtype, round_to, stats_dtype, truncating_bfloat16, unit_roundoff
 from conformance.model.geometry import Geometry, geometry
 from conformance.model.outputs import output_dtype
 from conformance.oracle import batch_norm, rms_norm
@@ -273,27 +273,14 @@ def one_pass_unclamped(case: Case, inputs: Arrays) -> Arrays:
     )
 
 
-def _truncating_bfloat16(values: np.ndarray) -> np.ndarray:
-    """float32 values rounded to bfloat16 as OpenVINO's CPU plugin's Convert does it,
-    (bits + ((bits & 0x10000) >> 1)) >> 16: half an ulp is added only when the kept last bit is odd, so
-    an even kept bit truncates toward zero (ties and all)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        f32 = np.ascontiguousarray(np.asarray(values, dtype=np.float64).astype(np.float32))
-    bits = f32.view(np.uint32).astype(np.uint64)
-    kept = ((bits + ((bits & 0x10000) >> 1)) >> 16) << 16
-    finite = np.isfinite(f32)
-    out = np.where(finite, kept.astype(np.uint32).view(np.float32), f32)
-    return np.asarray(out, dtype=np.float64)
-
-
 def truncating_bfloat16_convert(case: Case, inputs: Arrays) -> Arrays:
     """bfloat16 outputs computed in float32 and converted by OpenVINO's CPU plugin's own rounding
-    (``_truncating_bfloat16``): each output is the reference rounded to float32, then converted so."""
+    (``dtypes.truncating_bfloat16``): each output is the reference rounded to float32, then converted so."""
     if case.dtype != "bfloat16":
         raise ModelError(f"truncating_bfloat16_convert models bfloat16 outputs, not dtype={case.dtype}")
     out = oracle.evaluate(case, inputs, grad=_grad(inputs))
     return {
-        name: _truncating_bfloat16(values) if output_dtype(case, name) == "bfloat16" else values
+        name: truncating_bfloat16(values) if output_dtype(case, name) == "bfloat16" else values
         for name, values in out.items()
     }
 

@@ -49,6 +49,19 @@ def round_to(values: np.ndarray, name: str) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(values, dtype=np.float64).astype(numpy_dtype(name)))
 
 
+def truncating_bfloat16(values: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 as OpenVINO's CPU plugin's Convert does it,
+    (bits + ((bits & 0x10000) >> 1)) >> 16: half an ulp is added only when the kept last bit is odd, so
+    an even kept bit truncates toward zero (ties and all); as float64. Non-finite values pass through."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        f32 = np.ascontiguousarray(np.asarray(values, dtype=np.float64).astype(np.float32))
+    bits = f32.view(np.uint32).astype(np.uint64)
+    kept = ((bits + ((bits & 0x10000) >> 1)) >> 16) << 16
+    finite = np.isfinite(f32)
+    out = np.where(finite, kept.astype(np.uint32).view(np.float32), f32)
+    return np.asarray(out, dtype=np.float64)
+
+
 def ulp(values: np.ndarray, name: str) -> np.ndarray:
     """Spacing of the dtype at each value's magnitude (subnormal spacing near zero), as float64."""
     info = finfo(name)

@@ -18,7 +18,7 @@ from conformance.model.inputs import make_inputs
 from conformance.results.records import read_results
 from conformance.running import checks
 
-import fakes.precision  # noqa: F401  (registers fake-bf16-guard-rounding and the execution fakes)
+import fakes.ledger  # noqa: F401  (registers fake-truncating-convert and fake-bfloat16-execution)
 from fakes.core import NumpyFake
 from fakes.group import GroupFake
 
@@ -49,9 +49,9 @@ CONVENTIONS = {
         "add_rms_norm.sum.float16": "unmatched",
         "add_layer_norm.sum.float16": "unmatched",
     },
-    # bfloat16 y converted from its guard bit alone (OpenVINO's CPU plugin): the bit-level questions try
-    # that conversion too, so they still read the reference conventions.
-    "fake-bf16-guard-rounding": {},
+    # bfloat16 outputs converted as OpenVINO's CPU plugin does (from the guard bit alone): the bit-level
+    # questions try that conversion too, so they still read the reference conventions.
+    "fake-truncating-convert": {},
     "fake-ln-dx-no-mean-terms": {"layer_norm.dx": "no-mean-terms", "batch_norm.dx": "no-mean-terms"},
     "fake-bn-biased-running-var": {"batch_norm.running_var": "biased"},
     "fake-bias-ignored": {"layer_norm.bias": "ignored", "batch_norm.bias": "ignored"},
@@ -412,13 +412,13 @@ def test_a_class_without_a_bias_is_asked_with_the_probes_bias_left_out(fake, cha
     [
         ("fake-float64-in-float32", "float64", "float32"),
         ("fake-executes-float32-in-bfloat16", "float32", "bfloat16"),
-        ("fake-executes-float16-in-bfloat16", "float16", "bfloat16"),
+        ("fake-bfloat16-execution", "float16", "bfloat16"),
     ],
 )
 def test_an_execution_precision_policy_is_named_and_gates_the_probes_of_that_dtype(fake, given, executes):
     from conformance.fingerprint.questions import GATES
 
-    import fakes.ledger  # noqa: F401  (registers fake-float64-in-float32)
+    import fakes.precision  # noqa: F401  (registers fake-executes-float32-in-bfloat16)
 
     backend = _backend(fake)
     answers = _answers(backend)

@@ -14,6 +14,7 @@ from conformance.judging.ledger import LedgerError
 from conformance.judging.platform import Platform
 from conformance.judging.tolerances import OUTPUTS
 from conformance.judging.verdict import Evidence, Verdict, compare_outputs, judge
+from conformance.model import dtypes
 from conformance.model.case import Case
 from conformance.model.inputs import for_call
 from conformance.results import machine
@@ -344,7 +345,7 @@ def test_a_model_that_does_not_speak_of_an_op_explains_nothing_there(tmp_path):
 def test_truncating_convert_rounds_half_up_only_after_an_odd_kept_bit():
     ulp = 2.0**-7  # bfloat16 spacing in [1, 2)
     values = np.array([1.0 + ulp / 2, 1.0 + ulp + ulp / 2, 1.0 + ulp / 4, -(1.0 + ulp + ulp / 2)])
-    got = models._truncating_bfloat16(values)
+    got = dtypes.truncating_bfloat16(values)
     # Even kept bit: the tie truncates; odd kept bit: it rounds up (away from zero for negatives).
     assert list(got) == [1.0, 1.0 + 2 * ulp, 1.0, -(1.0 + 2 * ulp)]
 
