@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from conformance.running.outcomes import SKIPPING
-from conformance.running.plugin import PROPERTY
+from conformance.running.plugin import recorded
 
 ENV = "NORMCONF_PROGRESS_FD"
 
@@ -72,7 +72,7 @@ def _recorded(report: pytest.TestReport) -> str | None:
     declared it cannot run the case) is told apart from "skipped", as the summary table does."""
     if not report.skipped:
         return None
-    for key, value in report.user_properties:
-        if key == PROPERTY and isinstance(value, dict) and value.get("outcome") in SKIPPING:
-            return str(value["outcome"])
+    record = recorded(report)
+    if record is not None and record.get("outcome") in SKIPPING:
+        return str(record["outcome"])
     return None

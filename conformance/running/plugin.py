@@ -6,11 +6,12 @@ process that writes (the xdist controller, or the single process) collects them 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,39 @@ PROPERTY = "normconf_result"
 # Where a reproduce command writes: a scratch file, so that re-running one test leaves the results
 # (and the report) of the run it came from as they are.
 REPRODUCE_RESULTS = ".normconf/reproduce/results.jsonl"
+
+
+def attach(item: pytest.Item, record: dict[str, Any]) -> None:
+    """A check's record onto its test, for the writing process: as its JSON line, made by the process
+    that ran the check. Under xdist a report crosses to the controller through execnet's serializer,
+    written in Python, which decodes a nested record value by value on the controller's CPU (which
+    the workers need); a string crosses whole, and the writer writes it as received."""
+    item.user_properties.append((PROPERTY, json_line(record)))
+
+
+def recorded_line(report: pytest.TestReport) -> str | None:
+    """The JSON line ``attach`` put on this test (the last one, if several), or None."""
+    lines = [value for key, value in report.user_properties if key == PROPERTY]
+    return str(lines[-1]) if lines else None
+
+
+def recorded(report: pytest.TestReport) -> dict[str, Any] | None:
+    """The record ``attach`` put on this test, as a dict, or None."""
+    text = recorded_line(report)
+    record: dict[str, Any] | None = json.loads(text) if text is not None else None
+    return record
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """The record travels on the call's report only: a teardown report carries the test's
+    user_properties too, and would send every record to the controller twice."""
+    report: pytest.TestReport = yield
+    if report.when == "teardown":
+        report.user_properties = [(k, v) for k, v in report.user_properties if k != PROPERTY]
+    return report
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -151,6 +185,7 @@ class RunState:
         # --max-timeouts per backend, in this process.
         self.hangs: dict[str, dict[str, str]] = {}
         self.records: list[dict[str, Any]] = []
+        self.lines: dict[int, str] = {}  # id of a received record -> its JSON line
         self.writer = not hasattr(config, "workerinput")
         self.observation: observed.Observation | None = None
         self.typed: list[Record] = []  # the records as typed records, read once at session finish
@@ -159,10 +194,12 @@ class RunState:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not self.writer:
             return
-        recorded: list[dict[str, Any]] = [v for k, v in report.user_properties if k == PROPERTY]  # type: ignore[misc]
-        if recorded and report.when == "call":
-            self.records.append(recorded[-1])
-        elif not recorded and report.failed and report.when != "teardown":
+        text = recorded_line(report) if report.when == "call" else None
+        if text is not None:
+            record = json.loads(text)
+            self.records.append(record)
+            self.lines[id(record)] = text  # written as received: no second serialization
+        elif report.failed and report.when != "teardown":
             synthesized = _crash_record(self, report)
             if synthesized is not None:
                 self.records.append(synthesized)
@@ -181,7 +218,7 @@ class RunState:
         if exitstatus == 0 and self.config.stash[SHARD] is None and summary.idle(self.typed):
             exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
         serialize = time.perf_counter()
-        lines = [json_line(record) for record in records]
+        lines = [self.lines.get(id(record)) or json_line(record) for record in records]
         end = time.perf_counter()
         timing = {"wall_s": end - self.started, "finish_s": serialize - finish, "write_s": end - serialize}
         header = self._header(int(exitstatus), timing)
@@ -430,7 +467,7 @@ def normconf_run(request: pytest.FixtureRequest) -> Callable[[str], None]:
             result = checks.run_check(check, loaded[0], loaded[1], case, ctx)
             if "hung" in result.extra:
                 state.hung(backend_name, case.id, check)
-        request.node.user_properties.append((PROPERTY, result.to_dict()))
+        attach(request.node, result.to_dict())
         outcomes.enforce(result.outcome, result.reason)
 
     return run

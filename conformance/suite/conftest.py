@@ -35,7 +35,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _record(request: pytest.FixtureRequest, record: dict[str, Any]) -> None:
-    request.node.user_properties.append((plugin.PROPERTY, record))
+    plugin.attach(request.node, record)
     outcomes.enforce(record["outcome"], record["reason"])
 
 

@@ -251,3 +251,36 @@ def test_deviation_beyond_its_band_fails(suite, tmp_path):
     assert run.returncode == 1
     failed = [r for r in run.records if r["outcome"] == "failed"]
     assert failed and "the deviation grew beyond its recorded band" in failed[0]["reason"]
+
+
+def _report(when: str, properties: list[tuple[str, object]]) -> pytest.TestReport:
+    return pytest.TestReport(
+        "t.py::t", ("t.py", 0, "t"), {}, "passed", None, when, user_properties=properties
+    )
+
+
+def test_a_record_crosses_as_its_json_line_on_the_call_report_only():
+    from conformance.results.records import line
+    from conformance.running import plugin
+
+    record = {"kind": "result", "outcome": "passed", "comparisons": [{"worst_ratio": 0.1 + 0.2}]}
+    item = type("Item", (), {"user_properties": []})()
+    plugin.attach(item, record)  # type: ignore[arg-type]
+    assert item.user_properties == [(plugin.PROPERTY, line(record))]
+    other = ("mine", "kept")
+    for when, expected in (("call", [*item.user_properties, other]), ("teardown", [other])):
+        hook = plugin.pytest_runtest_makereport(item, None)  # type: ignore[arg-type]
+        next(hook)
+        with pytest.raises(StopIteration) as done:
+            hook.send(_report(when, [*item.user_properties, other]))
+        assert done.value.value.user_properties == expected, when
+    assert plugin.recorded(_report("call", item.user_properties)) == record  # floats bit for bit
+    assert plugin.recorded(_report("call", [other])) is None
+
+
+def test_an_expected_failure_ends_without_a_traceback_to_format():
+    from conformance.running import outcomes
+
+    with pytest.raises(pytest.xfail.Exception) as raised:
+        outcomes.enforce("xfailed", "known deviation")
+    assert raised.value.msg == "known deviation" and raised.value.pytrace is False

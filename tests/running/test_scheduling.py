@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import types
+from collections import OrderedDict, defaultdict
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,52 @@ def test_a_scope_without_history_goes_before_the_known_ones():
     node = "conformance/suite/test_fingerprint.py::test_fingerprint[torch-nn:eps-convention]"
     sched._seconds["fingerprint[torch-nn:eps-convention]"] = 7.0
     assert sched._estimate(node, {node: False}) == (False, 7.0)
+
+
+class _Worker:
+    """What the scheduler uses of an xdist worker: the test indices it is sent, and its shutdown."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = types.SimpleNamespace(id=name)
+        self.sent: list[int] = []
+        self.shutting_down = False
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent += indices
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_every_test_goes_out_once_by_its_index_and_finished_scopes_leave_the_workers_work():
+    cases = profiles.cases("smoke")[:40]
+    sched = _scheduler(cases)
+    sched.__dict__.update(
+        numnodes=2, collection=None, workqueue=OrderedDict(), assigned_work={}, registered_collections={},
+        config=types.SimpleNamespace(option=types.SimpleNamespace(loadscopereorder=True)),
+        log=lambda *args: None, _seconds={}, _ordered=False, _positions={},
+    )  # fmt: skip
+    node = "conformance/suite/test_{0}.py::test_{0}[{1}:{2}]"
+    collection = [
+        node.format(check, b, c.id)
+        for c in cases
+        for b in ("torch-nn", "onnx-export")
+        for check in ("forward", "backward")
+    ]
+    workers = [_Worker("gw0"), _Worker("gw1")]
+    for worker in workers:
+        sched.add_node(worker)
+        sched.add_node_collection(worker, list(collection))
+    sched.schedule()
+    done: list[str] = []
+    while any(w.sent for w in workers):
+        for worker in workers:
+            if worker.sent:
+                index = worker.sent.pop(0)
+                done.append(collection[index])
+                sched.mark_test_complete(worker, index)
+                # Only scopes with a test still to run stay in a worker's work.
+                assert all(not all(unit.values()) for unit in sched.assigned_work[worker].values())
+    assert sorted(done) == sorted(collection)  # each test once, found by its own index
+    assert sched.tests_finished and not sched.has_pending
+    assert all(w.shutting_down for w in workers)
