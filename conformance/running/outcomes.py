@@ -22,5 +22,5 @@ def enforce(outcome: str, reason: str) -> None:
         pytest.skip(f"{outcome}: {reason}")
     if outcome == "xfailed":
         # pytest.xfail(reason) without its traceback: pytest formats a failure's traceback (parsing the
-        # source of every frame) before it turns it into an xfail and drops it, ~40 ms a test.
+        # source of every frame) before it turns it into an xfail and drops it: tens of milliseconds a test.
         raise pytest.xfail.Exception(reason, pytrace=False)

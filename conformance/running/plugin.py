@@ -184,8 +184,8 @@ class RunState:
         # backend -> case id -> the check that hung on it: one call timeout per case, and at most
         # --max-timeouts per backend, in this process.
         self.hangs: dict[str, dict[str, str]] = {}
-        self.records: list[dict[str, Any]] = []
-        self.lines: dict[int, str] = {}  # id of a received record -> its JSON line
+        # Each record with its JSON line: as received from the process that ran it, written as is.
+        self.records: list[tuple[dict[str, Any], str]] = []
         self.writer = not hasattr(config, "workerinput")
         self.observation: observed.Observation | None = None
         self.typed: list[Record] = []  # the records as typed records, read once at session finish
@@ -196,19 +196,18 @@ class RunState:
             return
         text = recorded_line(report) if report.when == "call" else None
         if text is not None:
-            record = json.loads(text)
-            self.records.append(record)
-            self.lines[id(record)] = text  # written as received: no second serialization
+            self.records.append((json.loads(text), text))
         elif report.failed and report.when != "teardown":
             synthesized = _crash_record(self, report)
             if synthesized is not None:
-                self.records.append(synthesized)
+                self.records.append((synthesized, json_line(synthesized)))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if not self.writer or not self.records:
             return
         finish = time.perf_counter()
-        records = sorted(self.records, key=_order)
+        received = sorted(self.records, key=lambda pair: _order(pair[0]))
+        records = [record for record, _ in received]
         self.typed = [r for r in map(from_dict, records) if r is not None]
         self.observation = self._observe()
         if self.settings.ledger.strict and self.observation.unobserved and exitstatus == 0:
@@ -218,7 +217,7 @@ class RunState:
         if exitstatus == 0 and self.config.stash[SHARD] is None and summary.idle(self.typed):
             exitstatus = session.exitstatus = pytest.ExitCode.TESTS_FAILED
         serialize = time.perf_counter()
-        lines = [self.lines.get(id(record)) or json_line(record) for record in records]
+        lines = [text for _, text in received]
         end = time.perf_counter()
         timing = {"wall_s": end - self.started, "finish_s": serialize - finish, "write_s": end - serialize}
         header = self._header(int(exitstatus), timing)

@@ -8,8 +8,9 @@ import re
 import pytest
 
 from conformance.model import profiles
-from conformance.results.records import read_raw
+from conformance.results.records import line, read_raw
 from conformance.results.schema import SCHEMA_VERSION
+from conformance.running import outcomes, plugin
 
 
 def read(path):
@@ -260,9 +261,6 @@ def _report(when: str, properties: list[tuple[str, object]]) -> pytest.TestRepor
 
 
 def test_a_record_crosses_as_its_json_line_on_the_call_report_only():
-    from conformance.results.records import line
-    from conformance.running import plugin
-
     record = {"kind": "result", "outcome": "passed", "comparisons": [{"worst_ratio": 0.1 + 0.2}]}
     item = type("Item", (), {"user_properties": []})()
     plugin.attach(item, record)  # type: ignore[arg-type]
@@ -279,8 +277,6 @@ def test_a_record_crosses_as_its_json_line_on_the_call_report_only():
 
 
 def test_an_expected_failure_ends_without_a_traceback_to_format():
-    from conformance.running import outcomes
-
     with pytest.raises(pytest.xfail.Exception) as raised:
         outcomes.enforce("xfailed", "known deviation")
     assert raised.value.msg == "known deviation" and raised.value.pytrace is False
