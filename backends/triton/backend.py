@@ -96,6 +96,7 @@ class TritonPrepared:
         self.case, self.grad, self.mode = case, grad, run
         self.device = torch.device(run.device)
         self.policy = pol
+        self.param_shape = case.param_shape  # a property of the case: computed once, not per call
         self.t = tensors
         if grad:
             for name in ("x", "residual", "weight", "bias"):
@@ -129,21 +130,26 @@ class TritonPrepared:
     def _layer_norm(self) -> dict[str, Any]:
         c, t = self.case, self.t
         y = self._functions.layer_norm(
-            t["x"], c.param_shape, t.get("weight"), t.get("bias"), eps=c.eps, pol=self.policy
+            t["x"], self.param_shape, t.get("weight"), t.get("bias"), eps=c.eps, pol=self.policy
         )
         return {"y": y}
 
     def _rms_norm(self) -> dict[str, Any]:
         c, t = self.case, self.t
         y = self._functions.rms_norm(
-            t["x"], c.param_shape, t.get("weight"), eps=c.eps, weight_offset=c.weight_offset, pol=self.policy
+            t["x"],
+            self.param_shape,
+            t.get("weight"),
+            eps=c.eps,
+            weight_offset=c.weight_offset,
+            pol=self.policy,
         )
         return {"y": y}
 
     def _add_rms_norm(self) -> dict[str, Any]:
         c, t = self.case, self.t
         y, h = self._functions.add_rms_norm(
-            t["x"], t["residual"], c.param_shape, t.get("weight"),
+            t["x"], t["residual"], self.param_shape, t.get("weight"),
             eps=c.eps, weight_offset=c.weight_offset, exact=c.norm_input == "exact", pol=self.policy,
         )  # fmt: skip
         return {"y": y, "residual_out": h}
@@ -151,7 +157,7 @@ class TritonPrepared:
     def _add_layer_norm(self) -> dict[str, Any]:
         c, t = self.case, self.t
         y, h = self._functions.add_layer_norm(
-            t["x"], t["residual"], c.param_shape, t.get("weight"), t.get("bias"),
+            t["x"], t["residual"], self.param_shape, t.get("weight"), t.get("bias"),
             eps=c.eps, exact=c.norm_input == "exact", pol=self.policy,
         )  # fmt: skip
         return {"y": y, "residual_out": h}
@@ -191,7 +197,9 @@ class TritonPrepared:
             out = self._forward()
             # autograd.grad returns fresh gradients: nothing accumulates across calls.
             grads = torch.autograd.grad([out[name] for name in self._heads], self._inputs, self._cotangents)
-        self.results = {k: v.detach() for k, v in out.items()} | dict(zip(self._wrt, grads, strict=True))
+        results = {k: v.detach() for k, v in out.items()}
+        results.update(zip(self._wrt, grads, strict=True))
+        self.results = results
 
     def synchronize(self) -> None:
         self._common.synchronize(self.device)

@@ -6,7 +6,7 @@ Pure Python (no Triton import), so the choices are unit-tested and recorded in e
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # One column chunk holds at most 4096 lanes. At 8 warps that is 16 float32 values per thread per live
 # tile; the backward keeps x, dy, the weight and the dweight partial live at once, and wider chunks
@@ -31,12 +31,19 @@ class Policy:
     # the float64 backward at full tiles needs over 255 registers and spills; the interpreter keeps its
     # tiles, where only the number of steps costs).
     halve_wide: bool = False
+    # Policies key the memoized launch shapes below, on every launch: hashed once, not per lookup.
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_block_n < 1 or self.max_block_n & (self.max_block_n - 1):
             raise ValueError(f"max_block_n={self.max_block_n} is not allowed; allowed: a power of two")
         if self.tile < 1 or self.max_programs < 1:
             raise ValueError(f"tile={self.tile}, max_programs={self.max_programs}: both must be >= 1")
+        fields = (self.max_block_n, self.tile, self.max_programs, self.max_registers, self.halve_wide)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 # Elements per program tile on a GPU for rows of up to 1024 (longer rows take one row per program, in
@@ -78,6 +85,15 @@ class Blocks:
     warps: int  # num_warps (ignored by the interpreter)
     programs: int  # grid size
     max_registers: int | None = None  # NVIDIA: maxnreg, the Policy's register bound
+    # Blocks key the launch options (launch.launch_options), on every launch: hashed once.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fields = (self.block_m, self.block_n, self.chunks, self.warps, self.programs, self.max_registers)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def one_chunk(self) -> bool:

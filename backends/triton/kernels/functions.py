@@ -77,7 +77,7 @@ class _LayerNorm(torch.autograd.Function):
         x2, w, b_, mean, rstd = ctx.saved_tensors
         dx = torch.empty_like(x2)
         want = (ctx.needs_input_grad[1], ctx.needs_input_grad[2])
-        dy2 = dy.reshape(x2.shape).contiguous()
+        dy2 = launch.like_rows(dy, x2)
         dw, db = launch.layer_norm_backward(
             (x2, None), w, b_, (mean, rstd), dy2, launch.Grads(dx), want, ctx.pol
         )
@@ -107,7 +107,7 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x2, w, consts, rstd = ctx.saved_tensors
         dx = torch.empty_like(x2)
-        dy2 = dy.reshape(x2.shape).contiguous()
+        dy2 = launch.like_rows(dy, x2)
         grads = launch.Grads(dx)
         dw = launch.rms_backward((x2, None), w, consts, rstd, dy2, grads, ctx.needs_input_grad[1], ctx.pol)
         return launch.shaped(dx, ctx.shape), dw, None, None, None, None
@@ -174,7 +174,7 @@ class _GroupNorm(torch.autograd.Function):
         want_dx = ctx.needs_input_grad[0]
         want_dw = w is not None and ctx.needs_input_grad[1]
         want_db = ctx.bias is not None and ctx.needs_input_grad[2]
-        dy2 = dy.reshape(x2.shape).contiguous()
+        dy2 = launch.like_rows(dy, x2)
         # Per-(sample, channel) sums of dy * xhat and dy: dweight/dbias summed over the samples, and,
         # with the group's weights, the two means the dx of batch statistics needs.
         dw_sum = db_sum = mean

@@ -58,15 +58,19 @@ def apply(function: type[torch.autograd.Function], *args: Any) -> Any:
     """``function.apply(*args)``, or its forward alone where nothing will need a gradient (grad mode off,
     or no tensor argument requires one): autograd's bookkeeping costs ~10 µs of host time a call, more
     than a decode-shape kernel takes on a GPU."""
-    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-        return function.apply(*args)  # type: ignore[no-untyped-call]  # untyped in torch's stubs
+    if torch.is_grad_enabled():
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                return function.apply(*args)  # type: ignore[no-untyped-call]  # untyped in torch's stubs
     return function.forward(_Untracked(), *args)
 
 
 def acc_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     """Statistics and accumulation in float32, or float64 when any operand is float64."""
-    wide = any(t is not None and t.dtype == torch.float64 for t in tensors)
-    return torch.float64 if wide else torch.float32
+    for t in tensors:  # a loop, not any(<generator>): this runs on every call
+        if t is not None and t.dtype == torch.float64:
+            return torch.float64
+    return torch.float32
 
 
 def tl_dtype(dtype: torch.dtype) -> Any:
@@ -100,6 +104,14 @@ def rows(x: torch.Tensor, normalized_shape: Sequence[int]) -> torch.Tensor:
     if x.ndim == 2 and len(normalized_shape) == 1 and x.is_contiguous():
         return x  # already [n_rows, n_cols]: no view to make (each costs host time)
     return x.reshape(-1, n_cols).contiguous()
+
+
+def like_rows(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` (a gradient of rows viewed as the caller's shape) as contiguous rows shaped like ``like``;
+    ``t`` itself when it is that already (a view costs host time on every backward)."""
+    if t.shape == like.shape and t.is_contiguous():
+        return t
+    return t.reshape(like.shape).contiguous()
 
 
 def shaped(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -216,7 +228,7 @@ def add_grads(
     own = want_dres and res_dtype != x_dtype
     dx = torch.empty(like.shape, dtype=x_dtype, device=like.device)
     dres = torch.empty(like.shape, dtype=res_dtype, device=like.device) if own else None
-    cotangent = None if dres_out is None else dres_out.reshape(like.shape).contiguous()
+    cotangent = None if dres_out is None else like_rows(dres_out, like)
     return Grads(dx, cotangent, dres)
 
 
@@ -225,7 +237,7 @@ def dy_rows(dy: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype) -> 
     the norm contributes nothing)."""
     if dy is None:
         return torch.zeros(like.shape, dtype=dtype, device=like.device)
-    return dy.reshape(like.shape).contiguous()
+    return like_rows(dy, like)
 
 
 def saved_input(

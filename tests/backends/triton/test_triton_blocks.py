@@ -107,3 +107,21 @@ def test_running_update_gives_every_channel_one_lane(channels, block_n, programs
     b = blocks.channels(channels, NATIVE)
     assert (b.block_m, b.block_n, b.chunks, b.programs) == (1, block_n, 1, programs)
     assert b.block_n * b.programs >= channels and b.warps == blocks.warps(block_n)
+
+
+def test_policies_and_blocks_key_the_launch_caches_by_value():
+    # Both hash once (at construction): equal values must still hash and compare equal, a changed
+    # field (dataclasses.replace runs the construction again) must not find the other's launch shape.
+    import dataclasses
+
+    same = blocks.native_policy(132)
+    assert same == NATIVE and hash(same) == hash(NATIVE)
+    assert blocks.forward(4096, 8192, same) is blocks.forward(4096, 8192, NATIVE)
+    fewer = dataclasses.replace(NATIVE, max_programs=8)
+    assert fewer != NATIVE
+    assert blocks.backward(4096, 8192, fewer).programs == 8
+    assert blocks.backward(4096, 8192, NATIVE).programs == 264
+    b = blocks.forward(32, 4096, NATIVE)
+    copy = blocks.Blocks(b.block_m, b.block_n, b.chunks, b.warps, b.programs, b.max_registers)
+    assert copy == b and hash(copy) == hash(b)
+    assert dataclasses.replace(b, warps=b.warps // 2) != b

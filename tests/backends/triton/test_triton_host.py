@@ -136,3 +136,24 @@ def test_autograd_is_skipped_only_where_nothing_needs_a_gradient():
     torch.testing.assert_close(tracked.detach(), plain, rtol=0, atol=0)
     with torch.no_grad():
         assert F.rms_norm(x, (16,), w, eps=1e-6, pol=pol).grad_fn is None
+
+
+def test_a_gradient_already_in_rows_is_used_as_given_and_any_other_is_made_rows():
+    x = torch.randn(6, 16)
+    dy = torch.randn(6, 16)
+    assert launch.like_rows(dy, x) is dy
+    # What y.sum().backward() hands a backward: an expanded (stride 0) gradient; and a [2, 3, 16] one.
+    for other in (torch.ones(()).expand(6, 16), torch.randn(2, 3, 16), torch.randn(16, 6).t()):
+        rows = launch.like_rows(other, x)
+        assert rows.shape == x.shape and rows.is_contiguous()
+        torch.testing.assert_close(rows, other.reshape(6, 16), rtol=0, atol=0)
+    # Through the kernels: a non-contiguous cotangent gives the gradients of its contiguous copy.
+    xs, w = torch.randn(6, 16, requires_grad=True), torch.randn(16, requires_grad=True)
+    pol = blocks.Policy(max_block_n=16, tile=64, max_programs=2)
+    y = F.rms_norm(xs, (16,), w, eps=1e-6, pol=pol)
+    cotangent = torch.randn(16, 6).t()
+    got = torch.autograd.grad(y, (xs, w), cotangent)
+    y = F.rms_norm(xs, (16,), w, eps=1e-6, pol=pol)
+    want = torch.autograd.grad(y, (xs, w), cotangent.contiguous())
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, rtol=0, atol=0)
