@@ -165,7 +165,8 @@ def warp_options(b: blocks.Blocks) -> dict[str, Any]:
 def partial(want: bool, b: blocks.Blocks, n_cols: int, acc: torch.dtype, dummy: torch.Tensor) -> torch.Tensor:
     # Not zeroed (a fill would be one more launch): every program has at least one tile and writes its
     # row at its first; the dummy is never touched.
-    return torch.empty((b.programs, n_cols), dtype=acc, device=dummy.device) if want else dummy
+    # new_empty: the dummy has the dtype and device already (cheaper than torch.empty's keywords).
+    return dummy.new_empty((b.programs, n_cols), dtype=acc) if want else dummy
 
 
 def sums(
@@ -264,8 +265,7 @@ def layer_norm_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Writes y (and the stream's residual_out); returns (mean, rstd) in the accumulation dtype."""
     (n_rows, n_cols), acc = x2.shape, acc_dtype(x2, w, b_, None if stream is None else stream.residual)
-    mean = torch.empty(n_rows, dtype=acc, device=x2.device)
-    rstd = torch.empty(n_rows, dtype=acc, device=x2.device)
+    mean, rstd = x2.new_empty(n_rows, dtype=acc), x2.new_empty(n_rows, dtype=acc)
     b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
     res, out = (x2, y) if stream is None else (stream.residual, stream.out)
     launch(
@@ -319,7 +319,7 @@ def rms_forward(
     """Writes y (and the stream's residual_out); returns (rstd, the scalars eps and offset) in the
     accumulation dtype."""
     (n_rows, n_cols), acc = x2.shape, acc_dtype(x2, w, None if stream is None else stream.residual)
-    rstd = torch.empty(n_rows, dtype=acc, device=x2.device)
+    rstd = x2.new_empty(n_rows, dtype=acc)
     consts = scalars(eps, offset, acc, x2.device)
     b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
     res, out = (x2, y) if stream is None else (stream.residual, stream.out)
