@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+import subprocess
+import sys
+
 import pytest
 
 from backends.triton.kernels import blocks
@@ -112,8 +117,6 @@ def test_running_update_gives_every_channel_one_lane(channels, block_n, programs
 def test_policies_and_blocks_key_the_launch_caches_by_value():
     # Both hash once (at construction): equal values must still hash and compare equal, a changed
     # field (dataclasses.replace runs the construction again) must not find the other's launch shape.
-    import dataclasses
-
     same = blocks.native_policy(132)
     assert same == NATIVE and hash(same) == hash(NATIVE)
     assert blocks.forward(4096, 8192, same) is blocks.forward(4096, 8192, NATIVE)
@@ -125,3 +128,15 @@ def test_policies_and_blocks_key_the_launch_caches_by_value():
     copy = blocks.Blocks(b.block_m, b.block_n, b.chunks, b.warps, b.programs, b.max_registers)
     assert copy == b and hash(copy) == hash(b)
     assert dataclasses.replace(b, warps=b.warps // 2) != b
+
+
+def test_the_kept_hash_is_the_same_in_another_process():
+    # A pickled policy keeps its hash: it must be the one another process computes (no None in it).
+    code = (
+        "from backends.triton.kernels import blocks\n"
+        "print(hash(blocks.INTERPRETED), hash(blocks.native_policy(132)))"
+    )
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert there.stdout.split() == [str(hash(blocks.INTERPRETED)), str(hash(NATIVE))]
+    copy = pickle.loads(pickle.dumps(blocks.INTERPRETED))
+    assert copy == blocks.INTERPRETED and hash(copy) == hash(blocks.INTERPRETED)
