@@ -24,6 +24,7 @@ specialize on buffer sizes too), every launch takes Triton's path.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -88,10 +89,18 @@ class Driver:
         self.current_stream = current_stream
 
 
-def _hooks_installed() -> bool:
+@functools.cache
+def _runtime_knobs() -> Any:
+    # Imported at the first native launch (this module is imported without Triton for recording), then
+    # kept: an import statement per launch is a module lookup on every call.
     from triton import knobs
 
-    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+    return knobs.runtime
+
+
+def _hooks_installed() -> bool:
+    runtime = _runtime_knobs()
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):
             return True
     return False
@@ -104,7 +113,8 @@ class Bound:
     kernel: Any  # the JITFunction
     driver: Driver
     hooks_installed: Callable[[], bool] = _hooks_installed
-    compiled: dict[tuple[Any, ...], tuple[Any, Any, Any]] = field(default_factory=dict)  # key -> launcher
+    # key -> (launcher, function, packed metadata, the options' values in parameter order)
+    compiled: dict[tuple[Any, ...], tuple[Any, Any, Any, tuple[Any, ...]]] = field(default_factory=dict)
     unbound: str | None = None  # why launches always take Triton's path, once known
     names: tuple[str, ...] = ()
 
@@ -125,11 +135,10 @@ class Bound:
         if hit is None:
             self._first(k, programs, args, options)
             return
-        runner, function, packed = hit
-        values = (*args, *(options[n] for n in self.names[len(args) :]))
-        runner(
-            programs, 1, 1, self.driver.current_stream(device), function, packed, None, None, None, *values
-        )
+        runner, function, packed, tail = hit
+        # The options are part of the key: their values in parameter order were taken at the first launch.
+        stream = self.driver.current_stream(device)
+        runner(programs, 1, 1, stream, function, packed, None, None, None, *args, *tail)
 
     def _first(
         self, k: tuple[Any, ...], programs: int, args: tuple[Any, ...], options: dict[str, Any]
@@ -141,8 +150,9 @@ class Bound:
             # A parameter left to its default: JITFunction.run binds it, a bound launch could not.
             self.unbound = f"parameters {missing} were not passed by name"
             return
+        tail = tuple(options[n] for n in self.names[len(args) :])
         try:
-            entry = (compiled.run, compiled.function, compiled.packed_metadata)
+            entry = (compiled.run, compiled.function, compiled.packed_metadata, tail)
         except AttributeError as exc:
             self.unbound = f"the compiled kernel has no {exc.name}: launches take Triton's path"
             return

@@ -102,6 +102,20 @@ def test_installed_launch_hooks_take_tritons_path_every_time():
     assert len(kernel.slow) == 3 and kernel.fast == []
 
 
+def test_hooks_installed_on_tritons_knobs_are_seen_at_every_launch():
+    # The knobs are looked up once and kept: a hook set (and removed) afterwards must still be seen.
+    from triton import knobs
+
+    before = knobs.runtime.launch_enter_hook
+    assert not launcher._hooks_installed()
+    try:
+        knobs.runtime.launch_enter_hook = lambda metadata: None
+        assert launcher._hooks_installed()
+    finally:
+        knobs.runtime.launch_enter_hook = before
+    assert not launcher._hooks_installed()
+
+
 def test_a_compiled_kernel_without_the_launch_attributes_stays_on_tritons_path():
     class Other:  # another Triton's compiled object: no packed_metadata
         def __init__(self, calls: list[tuple[Any, ...]]) -> None:
