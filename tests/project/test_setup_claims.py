@@ -69,3 +69,17 @@ def test_every_torch_install_the_docs_give_takes_the_cpu_build():
     # The one that names a plain install does so to warn against it.
     bad = [(name, line) for name, line in commands if CPU_INDEX not in line and "plain" not in line]
     assert not bad, bad
+
+
+def test_make_recipes_write_bytecode_whatever_the_environment_says():
+    # Each recipe's processes see no PYTHONDONTWRITEBYTECODE, even when the caller's environment has it.
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    probe = 'normconf-probe: ; @echo "[$$PYTHONDONTWRITEBYTECODE]"'
+    done = subprocess.run(
+        ["make", "--no-print-directory", "--eval", probe, "normconf-probe"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == "[]"
