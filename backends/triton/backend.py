@@ -342,6 +342,7 @@ class InPlacePrepared:
         self.case, self.mode = case, run
         self.device = torch.device(run.device)
         self.policy = pol
+        self.param_shape = case.param_shape  # computed once, not per call
         self.t = {name: tensors[name] for name in ("x", "residual")}
         self.params: dict[str, Any] = {name: tensors[name] for name in ("weight", "bias") if name in tensors}
         self.pristine = {name: tensor.clone() for name, tensor in self.t.items()}
@@ -366,14 +367,14 @@ class InPlacePrepared:
     def _add_rms_norm(self) -> None:
         c, t = self.case, self.t
         self._functions.add_rms_norm_(
-            t["x"], t["residual"], c.param_shape, self.params.get("weight"),
+            t["x"], t["residual"], self.param_shape, self.params.get("weight"),
             eps=c.eps, weight_offset=c.weight_offset, exact=c.norm_input == "exact", pol=self.policy,
         )  # fmt: skip
 
     def _add_layer_norm(self) -> None:
         c, t, p = self.case, self.t, self.params
         self._functions.add_layer_norm_(
-            t["x"], t["residual"], c.param_shape, p.get("weight"), p.get("bias"),
+            t["x"], t["residual"], self.param_shape, p.get("weight"), p.get("bias"),
             eps=c.eps, exact=c.norm_input == "exact", pol=self.policy,
         )  # fmt: skip
 

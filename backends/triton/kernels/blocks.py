@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 MAX_BLOCK_N = 4096
 
 
-def _hash(*values: int) -> int:
-    """The hash a Policy or Blocks keeps: of integers only (None given as -1), so that it is the same in
-    every process and a pickled copy's kept hash stays right (None's hash is its address before 3.12)."""
-    return hash(values)
+def _stable_hash(*values: int | None) -> int:
+    """The hash a Policy or Blocks keeps: of integers only (None as -1), so that it is the same in every
+    process and a pickled copy's kept hash stays right (None's hash is its address before Python 3.12)."""
+    return hash(tuple(-1 if v is None else v for v in values))
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,8 @@ class Policy:
             raise ValueError(f"max_block_n={self.max_block_n} is not allowed; allowed: a power of two")
         if self.tile < 1 or self.max_programs < 1:
             raise ValueError(f"tile={self.tile}, max_programs={self.max_programs}: both must be >= 1")
-        registers = -1 if self.max_registers is None else self.max_registers
-        object.__setattr__(
-            self, "_hash", _hash(self.max_block_n, self.tile, self.max_programs, registers, self.halve_wide)
-        )
+        fields = (self.max_block_n, self.tile, self.max_programs, self.max_registers, self.halve_wide)
+        object.__setattr__(self, "_hash", _stable_hash(*fields))
 
     def __hash__(self) -> int:
         return self._hash
@@ -97,12 +95,8 @@ class Blocks:
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        registers = -1 if self.max_registers is None else self.max_registers
-        object.__setattr__(
-            self,
-            "_hash",
-            _hash(self.block_m, self.block_n, self.chunks, self.warps, self.programs, registers),
-        )
+        fields = (self.block_m, self.block_n, self.chunks, self.warps, self.programs, self.max_registers)
+        object.__setattr__(self, "_hash", _stable_hash(*fields))
 
     def __hash__(self) -> int:
         return self._hash

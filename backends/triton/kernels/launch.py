@@ -165,7 +165,7 @@ def warp_options(b: blocks.Blocks) -> dict[str, Any]:
 def partial(want: bool, b: blocks.Blocks, n_cols: int, acc: torch.dtype, dummy: torch.Tensor) -> torch.Tensor:
     # Not zeroed (a fill would be one more launch): every program has at least one tile and writes its
     # row at its first; the dummy is never touched.
-    # new_empty: the dummy has the dtype and device already (cheaper than torch.empty's keywords).
+    # new_empty on the dummy (mean or rstd): its device without torch.empty's device keyword (cheaper).
     return dummy.new_empty((b.programs, n_cols), dtype=acc) if want else dummy
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from backends.triton.kernels import blocks
 
+from support.suite import ROOT
+
 NATIVE = blocks.native_policy(132)
 
 
@@ -115,8 +117,9 @@ def test_running_update_gives_every_channel_one_lane(channels, block_n, programs
 
 
 def test_policies_and_blocks_key_the_launch_caches_by_value():
-    # Both hash once (at construction): equal values must still hash and compare equal, a changed
-    # field (dataclasses.replace runs the construction again) must not find the other's launch shape.
+    # Both hash once (at construction): equal values must still hash equal (or a memoized launch shape
+    # is computed again for every equal policy); replace() builds anew, and the caches still tell
+    # policies apart by value.
     same = blocks.native_policy(132)
     assert same == NATIVE and hash(same) == hash(NATIVE)
     assert blocks.forward(4096, 8192, same) is blocks.forward(4096, 8192, NATIVE)
@@ -131,12 +134,13 @@ def test_policies_and_blocks_key_the_launch_caches_by_value():
 
 
 def test_the_kept_hash_is_the_same_in_another_process():
-    # A pickled policy keeps its hash: it must be the one another process computes (no None in it).
+    # A pickled policy keeps its hash: it must be the one another process computes (no None in it:
+    # before Python 3.12 None's hash is its address, which differs between processes).
     code = (
         "from backends.triton.kernels import blocks\n"
         "print(hash(blocks.INTERPRETED), hash(blocks.native_policy(132)))"
     )
-    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    there = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert there.stdout.split() == [str(hash(blocks.INTERPRETED)), str(hash(NATIVE))]
     copy = pickle.loads(pickle.dumps(blocks.INTERPRETED))
     assert copy == blocks.INTERPRETED and hash(copy) == hash(blocks.INTERPRETED)

@@ -104,7 +104,7 @@ def test_installed_launch_hooks_take_tritons_path_every_time():
 
 def test_hooks_installed_on_tritons_knobs_are_seen_at_every_launch():
     # The knobs are looked up once and kept: a hook set (and removed) afterwards must still be seen.
-    from triton import knobs
+    knobs = pytest.importorskip("triton.knobs", reason="Triton before 3.4 has no knobs")
 
     before = knobs.runtime.launch_enter_hook
     assert not launcher._hooks_installed()
