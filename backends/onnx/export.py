@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,7 @@ from conformance.model.case import (
     Case,
 )
 from conformance.model.dtypes import numpy_dtype
+from conformance.model.inputs import make_inputs
 
 OPSET_VARIABLE = "NORMCONF_ONNX_OPSET"
 DEFAULT_OPSET = 18
@@ -158,6 +160,8 @@ class Exported:
 EXPORT_SECONDS: list[float] = []
 # The cache subfolder of exports, and the version of its entries' layout (bumped when it changes).
 EXPORT_CACHE = "onnx-export"
+# How long a prepare waits for an export another process is making (seconds; one takes ~1 here).
+CLAIM_WAIT_S = 120.0
 EXPORT_CACHE_FORMAT = 1
 
 
@@ -419,17 +423,22 @@ class OnnxExport:
     def prepare(self, case: Case, inputs: Inputs, *, grad: bool) -> Prepared:
         return self.bind(case, inputs)
 
-    def bind(self, case: Case, inputs: Inputs) -> _ort.OrtPrepared:
-        """The case's session (exported once per signature) with its inputs and outputs bound."""
-        target = self.target_opset()
+    def _module_values(self, case: Case, inputs: Inputs) -> tuple[torch.dtype, dict[str, np.ndarray]]:
+        """The module's dtype, and its state as fed: in that dtype (widening is exact), as the
+        graph's inputs are typed."""
         values = _values(case, inputs)
         weights = str(values["weight"].dtype) if "weight" in values else case.weight_dtype
         dtype = module_dtype(case, common.torch_dtype(weights))
-        # The state is fed in the module's dtype (widening is exact): the graph's inputs are typed so.
         values = {
             name: value.astype(numpy_dtype(str(dtype).removeprefix("torch.")))
             for name, value in values.items()
         }
+        return dtype, values
+
+    def bind(self, case: Case, inputs: Inputs) -> _ort.OrtPrepared:
+        """The case's session (exported once per signature) with its inputs and outputs bound."""
+        target = self.target_opset()
+        dtype, values = self._module_values(case, inputs)
         key = (*_export_key(case, dtype, target), len(case.shape))
         exported, hit = self._cache.get(key, lambda: self._build(case, dtype, values, target))
         assert isinstance(exported, Exported), "the cache holds Exported entries"
@@ -475,28 +484,79 @@ class OnnxExport:
         backend with the same key (onnx-export, onnx-export-optimized at one rank) shares the entry:
         the graph is the exporter's, whichever backend asked for it."""
         shape = self.graph_shape(case)
+        entry = self._entry(case, dtype, target)
+        if entry is None:
+            return _checked(case, _export(case, dtype, values, target, shape)), "exported"
+        cached = _load(entry)
+        if cached is not None:
+            return cached, "disk cache"
+        # Waits while a precompiling process exports this graph, then reads its entry; a stuck one
+        # costs an export here, never the case.
+        with cache.claim(entry.with_suffix(".lock"), wait=CLAIM_WAIT_S):
+            cached = _load(entry)
+            if cached is not None:
+                return cached, "disk cache"
+            return _store(
+                entry, lambda: _checked(case, _export(case, dtype, values, target, shape))
+            ), "exported"
+
+    def _entry(self, case: Case, dtype: torch.dtype, target: int) -> Path | None:
+        """The graph cache's name of this export, without suffix (None without a cache)."""
         where = cache.folder(EXPORT_CACHE)
         if where is None:
-            return _checked(case, _export(case, dtype, values, target, shape)), "exported"
+            return None
         versions = (torch.__version__, onnxscript.__version__, onnx.__version__)
-        name = cache.digest(EXPORT_CACHE_FORMAT, versions, _export_key(case, dtype, target), len(shape))
-        model_file, refused_file = where / f"{name}.onnx", where / f"{name}.unsupported"
-        refused = cache.load(refused_file)
-        if refused is not None:
-            raise Unsupported(refused.decode())
-        data = cache.load(model_file)
-        if data is not None:
+        shape = self.graph_shape(case)
+        return where / cache.digest(
+            EXPORT_CACHE_FORMAT, versions, _export_key(case, dtype, target), len(shape)
+        )
+
+    def precompile(self, case: Case, *, grad: bool) -> str:
+        """Export ``case``'s graph into the graph cache ahead of the run (in another process:
+        conformance/running/precompile.py), as prepare() would export it. 'built', or why not:
+        'cached' (exported before, or refused), 'claimed' (a process is exporting it), 'skipped' (no
+        graph cache, or the exporter refuses it)."""
+        dtype, values = self._module_values(case, make_inputs(case))
+        target = self.target_opset()
+        entry = self._entry(case, dtype, target)
+        if entry is None:
+            return "skipped"
+        with cache.claim(entry.with_suffix(".lock")) as held:
+            if not held:
+                return "claimed"
+            if entry.with_suffix(".onnx").exists() or entry.with_suffix(".unsupported").exists():
+                return "cached"
+            shape = self.graph_shape(case)
             try:
-                return onnx.load_model_from_string(data), "disk cache"
-            except Exception:  # a damaged entry (protobuf's DecodeError, ...): export it again
-                pass
-        try:
-            model = _checked(case, _export(case, dtype, values, target, shape))
-        except Unsupported as exc:
-            cache.store(refused_file, str(exc).encode())
-            raise
-        cache.store(model_file, model.SerializeToString())
-        return model, "exported"
+                _store(entry, lambda: _checked(case, _export(case, dtype, values, target, shape)))
+            except Unsupported:
+                return "skipped"
+            return "built"
+
+
+def _load(entry: Path) -> onnx.ModelProto | None:
+    """A cached export (raising Unsupported for a cached refusal), or None when there is none."""
+    refused = cache.load(entry.with_suffix(".unsupported"))
+    if refused is not None:
+        raise Unsupported(refused.decode())
+    data = cache.load(entry.with_suffix(".onnx"))
+    if data is None:
+        return None
+    try:
+        return onnx.load_model_from_string(data)
+    except Exception:  # a damaged entry (protobuf's DecodeError, ...): export it again
+        return None
+
+
+def _store(entry: Path, export: Callable[[], onnx.ModelProto]) -> onnx.ModelProto:
+    """``export()``'s model, stored whole under ``entry``; a refusal is stored too, then raised."""
+    try:
+        model = export()
+    except Unsupported as exc:
+        cache.store(entry.with_suffix(".unsupported"), str(exc).encode())
+        raise
+    cache.store(entry.with_suffix(".onnx"), model.SerializeToString())
+    return model
 
 
 def _values(case: Case, inputs: Inputs) -> dict[str, np.ndarray]:

@@ -31,6 +31,7 @@ import os
 import time
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,7 +41,15 @@ from backends.common import device_timing
 from backends.common import torch_support as common
 from backends.common.translate import offset_scale
 from conformance.adapter import cache
-from conformance.adapter.backend import FEATURES, BackendUnavailable, Capabilities, Inputs, Outputs, Prepared
+from conformance.adapter.backend import (
+    FEATURES,
+    BackendUnavailable,
+    Capabilities,
+    Inputs,
+    Outputs,
+    Prepared,
+    Unsupported,
+)
 from conformance.model.case import (
     ADD_LAYER_NORM,
     ADD_OPS,
@@ -64,6 +73,8 @@ DEFAULT_OPS = frozenset({"layer_norm", "rms_norm", "add_rms_norm", "add_layer_no
 # Recompiles one key may take (eps values x size-1 specializations); past it dynamo raises instead of
 # silently running eager, so a case is compiled or it is an error.
 RECOMPILE_LIMIT = 64
+# How long a prepare waits for a graph another process is compiling (seconds; one takes 2-10 here).
+CLAIM_WAIT_S = 120.0
 
 
 def _recompile_limits() -> dict[str, Any]:
@@ -442,8 +453,52 @@ class TorchCompile:
             canonical = _build(canonical_case, _tensors(canonical_case, given, grad), fn)
             self._warmed.add((canonical_case, grad))
         prepared = CompiledPrepared(_build(case, tensors, fn), key)
-        prepared.warm_up(canonical, "x".join(map(str, canonical_case.shape)))
+        marker = self._marker(canonical_case, grad) if canonical is not None else None
+        if marker is None:
+            prepared.warm_up(canonical, "x".join(map(str, canonical_case.shape)))
+            return prepared
+        # Waits while a precompiling process builds this graph (its compile then loads from the cache),
+        # but not forever: a stuck one costs a compile here, never the case.
+        with cache.claim(marker, wait=CLAIM_WAIT_S):
+            prepared.warm_up(canonical, "x".join(map(str, canonical_case.shape)))
+            cache.store(marker.with_suffix(".done"), b"")
         return prepared
+
+    def _marker(self, canonical_case: Case, grad: bool) -> Path | None:
+        """The lock file of one canonical compile in the graph cache (None without a cache); a
+        ``.done`` file beside it once the graph is in inductor's caches."""
+        folder = cache.folder(f"torch-compile/torch-{torch.__version__}/claims")
+        return None if folder is None else folder / cache.digest(canonical_case.to_dict(), grad)
+
+    def precompile(self, case: Case, *, grad: bool) -> str:
+        """Compile ``case``'s canonical graph into the graph cache ahead of the run (in another
+        process: conformance/running/precompile.py), exactly as prepare() would compile it, so the
+        run's own compile loads it. 'built', or why not: 'cached' (compiled before), 'claimed' (a
+        process is compiling it), 'skipped' (no graph cache, or torch rejects the dtype mix)."""
+        canonical_case = _canonical(case)
+        marker = self._marker(canonical_case, grad)
+        if marker is None:
+            return "skipped"
+        if marker.with_suffix(".done").exists():
+            return "cached"
+        with cache.claim(marker) as held:
+            if not held:
+                return "claimed"
+            if marker.with_suffix(".done").exists():
+                return "cached"
+            tensors = _tensors(canonical_case, make_inputs(canonical_case, grad=grad), grad)
+            try:
+                common.probe(_eager, canonical_case, tensors)
+            except Unsupported:
+                return "skipped"
+            fn, _ = self._function(canonical_case, tensors, grad)
+            built = _build(canonical_case, tensors, fn)
+            with torch._dynamo.config.patch(_recompile_limits()):
+                built()
+                built.synchronize()
+            cache.store(marker.with_suffix(".done"), b"")
+            self._warmed.add((canonical_case, grad))
+            return "built"
 
     def copy_kernel(self, nbytes: int) -> Prepared:
         return common.copy_kernel(nbytes)

@@ -10,11 +10,19 @@ one. ``normconf cache`` lists the folder; ``normconf cache --clear`` (or deletin
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; claim() then always holds (nothing runs ahead there)
+    fcntl = None  # type: ignore[assignment]
 
 VARIABLE = "NORMCONF_CACHE_DIR"
 DEFAULT = Path(".normconf") / "cache"
@@ -78,3 +86,70 @@ def store(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError:
         Path(tmp).unlink(missing_ok=True)
+
+
+# Work a process may do while it waits for another's claim, one unit per call, False once there is
+# none left: a run that compiles ahead in a second process (conformance/running/precompile.py)
+# builds the next entries of its plan itself instead of idling while that process builds this one.
+_while_waiting: Callable[[], bool] | None = None
+_waiting = False  # inside that work: a claim it waits for does no more of it
+
+
+def while_waiting(work: Callable[[], bool] | None) -> None:
+    """Set (or, with None, clear) the work claim() does while it waits."""
+    global _while_waiting
+    _while_waiting = work
+
+
+def _wait_work() -> bool:
+    """One unit of the waiting work; False when there is none (then the caller sleeps)."""
+    global _waiting, _while_waiting
+    work = _while_waiting
+    if work is None or _waiting:
+        return False
+    _waiting = True
+    try:
+        more = work()
+    finally:
+        _waiting = False
+    if not more:
+        _while_waiting = None
+    return more
+
+
+def can_claim() -> bool:
+    """Whether claim() excludes other processes here (POSIX advisory locks); the precompiling process
+    (conformance/running/precompile.py) runs only where it does."""
+    return fcntl is not None
+
+
+@contextlib.contextmanager
+def claim(path: Path, *, wait: float = 0.0) -> Iterator[bool]:
+    """Hold an exclusive lock on ``path`` (created) for the block, so two processes do not build one
+    entry at once: yields True once held, or False when another process still holds it after ``wait``
+    seconds (the caller then builds without it, or leaves the entry to the other). The lock goes with
+    the process (an advisory ``flock``): a killed process leaves none behind. Where no lock can be
+    taken (no lock file, no ``flock``) it yields True unlocked: the cache, never the run, pays."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield True
+        return
+    try:
+        yield fcntl is None or _lock(fd, time.monotonic() + wait)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _lock(fd: int, deadline: float) -> bool:
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            if not _wait_work():
+                time.sleep(0.02)
+        except OSError:  # a file system without locks: build unlocked
+            return True

@@ -331,6 +331,13 @@ CHECKS: dict[str, CheckSpec] = {
 CHECK_NAMES: tuple[str, ...] = tuple(CHECKS)
 
 
+def prepared_grad(check: str, caps: Capabilities) -> bool:
+    """Whether ``check`` prepares its case with gradients: a comparison as its spec says; the bitwise
+    checks and aliasing wherever the backend has a backward (they share the backward's execution)."""
+    spec = CHECKS[check]
+    return spec.grad if spec.run is _compared else "backward" in caps.features
+
+
 def run_check(check: str, backend: Backend, caps: Capabilities, case: Case, ctx: CheckContext) -> Result:
     """Run one check and always return a Result; adapter faults become ``error`` results."""
     start = time.perf_counter()

@@ -114,6 +114,12 @@ GRAPH_CACHE = Flag(
     " under the rootdir, or $NORMCONF_CACHE_DIR; 'none': keep none); normconf cache --clear empties it",
     metavar="DIR",
 )
+NO_PRECOMPILE = Flag(
+    "--no-precompile",
+    "one-process runs: compile nothing ahead in a second process (by default, with a graph cache and a"
+    " free core, a backend with a precompile() hook builds the run's graphs there ahead of its checks)",
+    action="store_true",
+)
 
 SELECTION = (OP, DTYPE, PROFILE, CASES, SHARD)
 LEDGER_FLAGS = (LEDGER, NO_BUILTIN_LEDGER, STRICT_LEDGER)
@@ -127,6 +133,7 @@ RUN = (
     *LEDGER_FLAGS,
     SAVE_FAILURES,
     GRAPH_CACHE,
+    NO_PRECOMPILE,
 )
 
 

@@ -27,7 +27,7 @@ from conformance.results.properties import PropertyRecord
 from conformance.results.records import Record, from_dict, write_lines_atomic
 from conformance.results.records import line as json_line
 from conformance.results.result import Result
-from conformance.running import checks, durations, flags, observed, outcomes, shard, summary
+from conformance.running import checks, durations, flags, observed, outcomes, precompile, shard, summary
 from conformance.running.nodeid import NODE_ID
 from conformance.running.settings import MAX_TIMEOUTS, Settings, SettingsError, selection_line
 
@@ -190,6 +190,38 @@ class RunState:
         self.observation: observed.Observation | None = None
         self.typed: list[Record] = []  # the records as typed records, read once at session finish
         self.started = time.perf_counter()  # the header's timing.wall_s counts from here
+        self.ahead: precompile.Ahead | None = None  # the process compiling ahead (one-process runs)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        config = self.config
+        why = precompile.why_not(
+            disabled=bool(config.getoption(flags.NO_PRECOMPILE.dest)),
+            parallel=not self.writer or config.pluginmanager.has_plugin("dsession"),
+            collect_only=bool(config.option.collectonly),
+        )
+        if why is None:
+            targets = precompile.plan(self._precompile_targets(session.items))
+            backends = {t.backend: self.backend(t.backend)[0] for t in targets}  # type: ignore[index]
+            modules = sorted({type(backend).__module__ for backend in backends.values()})
+            self.ahead = precompile.start(targets, modules)
+            if self.ahead is not None:
+                cache.while_waiting(precompile.Helper(targets, backends))
+
+    def _precompile_targets(self, items: list[pytest.Item]) -> Generator[precompile.Target, None, None]:
+        """What the run will prepare on a backend with a precompile() hook, in the run's order."""
+        for item in items:
+            match = NODE_ID.search(item.nodeid)
+            callspec = getattr(item, "callspec", None)
+            target = callspec.params.get("normconf_target") if callspec is not None else None
+            if match is None or match["check"] not in checks.CHECKS or not isinstance(target, tuple):
+                continue
+            name, case = target
+            opened = self.backend(name)
+            if isinstance(opened, Absent) or not hasattr(opened[0], precompile.HOOK):
+                continue
+            grad = checks.prepared_grad(match["check"], opened[1])
+            if opened[1].why_not(case, grad=grad) is None:
+                yield precompile.Target(name, case, grad)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not self.writer:
@@ -203,6 +235,9 @@ class RunState:
                 self.records.append((synthesized, json_line(synthesized)))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.ahead is not None:
+            cache.while_waiting(None)
+            self.ahead.stop()
         if not self.writer or not self.records:
             return
         finish = time.perf_counter()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 from conformance.adapter import cache
 
@@ -52,3 +55,67 @@ def test_a_folder_that_cannot_be_made_turns_the_cache_off(monkeypatch, tmp_path)
     blocker.write_text("not a folder")
     monkeypatch.setenv(cache.VARIABLE, str(blocker))
     assert cache.folder("onnx-export") is None
+
+
+def test_a_claim_excludes_another_holder_until_released(tmp_path):
+    path = tmp_path / "entry.lock"
+    with cache.claim(path) as first:
+        with cache.claim(path) as second:
+            assert first is True and second is False
+        start = time.monotonic()
+        with cache.claim(path, wait=0.2) as waited:
+            assert waited is False and time.monotonic() - start >= 0.2
+    with cache.claim(path) as again:
+        assert again is True
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from conformance.adapter import cache
+with cache.claim(Path(sys.argv[1])) as held:
+    print(held, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_holder_leaves_no_claim_behind(tmp_path):
+    path = tmp_path / "entry.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "True"
+        with cache.claim(path) as held:
+            assert held is False
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    with cache.claim(path, wait=5) as held:
+        assert held is True
+
+
+def test_a_claim_that_cannot_make_its_lock_file_builds_unlocked(tmp_path):
+    with cache.claim(tmp_path / "missing" / "entry.lock") as held:
+        assert held is True
+
+
+def test_a_waiting_claim_does_the_waiting_work_once_at_a_time_until_none_is_left(tmp_path):
+    path, other = tmp_path / "entry.lock", tmp_path / "other.lock"
+    calls: list[bool] = []
+
+    def work() -> bool:
+        with cache.claim(path, wait=0.05) as nested:  # waits without doing more of this work
+            calls.append(nested)
+        return len(calls) < 3
+
+    cache.while_waiting(work)
+    try:
+        with cache.claim(path), cache.claim(path, wait=0.5) as held:
+            assert held is False
+        assert calls == [False, False, False]  # then it returned False and was cleared
+        with cache.claim(other), cache.claim(other, wait=0.05):
+            pass
+        assert len(calls) == 3
+    finally:
+        cache.while_waiting(None)

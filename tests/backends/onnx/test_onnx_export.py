@@ -109,6 +109,31 @@ def test_a_second_run_loads_the_export_from_the_graph_cache(monkeypatch, tmp_pat
     assert len(export.EXPORT_SECONDS) == before
 
 
+def test_an_export_made_ahead_is_the_one_prepare_loads(monkeypatch, tmp_path):
+    # conformance/running/precompile.py: the hook exports into the graph cache what prepare() would.
+    monkeypatch.delenv(export.OPSET_VARIABLE, raising=False)
+    monkeypatch.setenv(cache.VARIABLE, str(tmp_path / "ahead"))
+    case = Case("layer_norm", (4, 32), "float16", 1e-5)
+    refused = Case("batch_norm", (4, 3, 5), "float32", 1e-5, training=True)
+    backend = export.OnnxExport()
+    assert [backend.precompile(case, grad=False), backend.precompile(case, grad=False)] == ["built", "cached"]
+    assert backend.precompile(refused, grad=False) == "skipped"
+    before = len(export.EXPORT_SECONDS)
+    loaded = _prepare(export.OnnxExport(), case)
+    assert loaded.info()["export"] == "disk cache" and len(export.EXPORT_SECONDS) == before
+    with pytest.raises(Unsupported):  # the refusal was kept too
+        _prepare(export.OnnxExport(), refused)
+    assert len(export.EXPORT_SECONDS) == before
+    monkeypatch.setenv(cache.VARIABLE, str(tmp_path / "alone"))
+    alone = _prepare(export.OnnxExport(), case)
+    assert alone.info()["export"] == "exported"
+    ahead_model, alone_model = (
+        next((tmp_path / k / export.EXPORT_CACHE).glob("*.onnx")) for k in ("ahead", "alone")
+    )
+    assert ahead_model.read_bytes() == alone_model.read_bytes()
+    np.testing.assert_array_equal(loaded.outputs()["y"], alone.outputs()["y"])
+
+
 def test_the_graph_cache_keeps_what_the_exporter_refused_and_rebuilds_a_damaged_entry(monkeypatch, tmp_path):
     monkeypatch.delenv(export.OPSET_VARIABLE, raising=False)
     monkeypatch.setenv(cache.VARIABLE, str(tmp_path))

@@ -179,6 +179,53 @@ def test_a_case_computes_the_same_whatever_compiled_first(tmp_path) -> None:
     assert _dx_digest(tmp_path, "small-first", [small, offset]) == _dx_digest(tmp_path, "alone", [offset])
 
 
+# Builds the case's canonical graph ahead (the precompile hook, twice) or prepares the case, in a fresh
+# process on the graph cache ``sys.argv[2]``; prints the hook's answers, or inductor's FX graph cache
+# counters and a digest of dx.
+AHEAD_PROBE = """
+import hashlib, json, os, sys
+os.environ["NORMCONF_CACHE_DIR"] = sys.argv[2]
+from torch._dynamo.utils import counters
+from backends.torch.compiled import TorchCompile
+from conformance.model.case import Case
+from conformance.model.inputs import make_inputs
+backend = TorchCompile()
+case = Case("layer_norm", (12, 100), "float16", 1e-5, dist="offset")
+if sys.argv[1] == "ahead":
+    print(json.dumps([backend.precompile(case, grad=True), backend.precompile(case, grad=True)]))
+else:
+    prepared = backend.prepare(case, make_inputs(case, grad=True), grad=True)
+    prepared(); prepared.synchronize()
+    dx = hashlib.sha256(prepared.outputs()["dx"].tobytes()).hexdigest()
+    fx = counters["inductor"]
+    print(json.dumps({"hits": fx["fxgraph_cache_hit"], "misses": fx["fxgraph_cache_miss"], "dx": dx}))
+"""
+
+
+def _ahead_probe(tmp_path, what: str, graphs: str) -> object:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", AHEAD_PROBE, what, str(tmp_path / graphs)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.heavy(45)
+def test_a_graph_built_ahead_is_the_graph_prepare_loads(tmp_path) -> None:
+    # What conformance/running/precompile.py relies on: the hook compiles the canonical graph prepare()
+    # would compile (same FX graph cache entry, same kernels), so a run that loads it computes the same.
+    assert _ahead_probe(tmp_path, "ahead", "shared") == ["built", "cached"]
+    loaded, alone = _ahead_probe(tmp_path, "run", "shared"), _ahead_probe(tmp_path, "run", "alone")
+    assert loaded["misses"] == 0 and loaded["hits"] >= 1, loaded  # type: ignore[index]
+    assert alone["misses"] >= 1, alone  # type: ignore[index]
+    assert loaded["dx"] == alone["dx"]  # type: ignore[index]
+
+
 # ------------------------------------------------------------------ the add ops' residual stream
 ADD_CASES = [
     Case("add_layer_norm", (4, 48), "bfloat16", 1e-5),
