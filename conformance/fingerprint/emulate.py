@@ -56,10 +56,10 @@ class Convention:
     # to the dtype's largest finite value (OpenVINO's CPU plugin returns those instead of inf);
     # "<dtype>-nan": infinities as NaN (x * inv - mean * inv, JAX's form, gives inf - inf where inv is).
     execute: str = "case"
-    # How a bfloat16 y is rounded from its float32 value: to nearest (even) | "guard": from the guard bit
-    # alone, the bits below it dropped, so a value above the midpoint rounds to even like a tie (OpenVINO's
-    # CPU plugin, dtypes.truncating_bfloat16: a quarter of its outputs round down where round-to-nearest
-    # rounds up).
+    # How a bfloat16 y (and residual_out) is rounded from float32: to nearest (even) | "guard": from the
+    # guard bit alone, the bits below it dropped, so a value above the midpoint rounds to even like a
+    # tie (OpenVINO's CPU plugin, dtypes.truncating_bfloat16: a quarter of its outputs round down where
+    # round-to-nearest rounds up).
     output_round: str = "nearest"
 
 
@@ -288,7 +288,11 @@ def _dx(
 def _stream(case: Case, inputs: Mapping[str, Array], conv: Convention) -> dict[str, Array]:
     """The add ops' residual_out (and its unrounded value) and the sum the norm reads under ``conv``."""
     total = residual.exact_sum(inputs)
-    stored = rounder("float32" if conv.stream == "float32" else case.stream_dtype)(total)
+    stream = "float32" if conv.stream == "float32" else case.stream_dtype
+    # A bfloat16 stream is a float32 sum converted like y (output_round): OpenVINO's CPU plugin without
+    # AVX512-BF16 converts both from the guard bit alone.
+    guard = conv.output_round == "guard" and stream == "bfloat16"
+    stored = truncating_bfloat16(total) if guard else rounder(stream)(total)
     wide = rounder("float64" if case.dtype == "float64" else "float32")
     exact = conv.norm_input == "exact" or (conv.norm_input == "case" and case.norm_input == "exact")
     return {

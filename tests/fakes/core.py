@@ -93,6 +93,10 @@ class NumpyFake:
     def add_bias(self, y: F, b: F) -> F:
         return y + b
 
+    def store(self, case: Case, total: F) -> F:
+        """The add ops' sum as stored in the stream's dtype (rounded to nearest)."""
+        return total.astype(numpy_dtype(case.stream_dtype))
+
     # ------------------------------------------------------------------ the computation
     def compute(self, case: Case, inputs: dict[str, F], grad: bool) -> dict[str, F]:
         if case.op in GROUP_OPS:
@@ -104,7 +108,7 @@ class NumpyFake:
             # The sum in the working precision, stored in the stream's dtype; the norm reads the stored
             # value or (norm_input "exact") the working-precision sum.
             total = x + inputs["residual"].astype(w)
-            out["residual_out"] = total.astype(numpy_dtype(case.stream_dtype))
+            out["residual_out"] = self.store(case, total)
             x = out["residual_out"].astype(w) if case.norm_input == "rounded" else total
         axes = self.axes(case, x)
         p = self._params(case, inputs, x.ndim, w)
