@@ -463,7 +463,8 @@ class OnnxExport:
 
     def _build(self, case: Case, dtype: torch.dtype, values: dict[str, np.ndarray], target: int) -> Exported:
         start = time.perf_counter()
-        model, source = self._exported(case, dtype, values, target)
+        model, source, waited = self._exported(case, dtype, values, target)
+        start += waited  # waiting for another process's export (and building while waiting) is not its own
         export_s = EXPORT_SECONDS[-1] if source == "exported" else 0.0
         outputs = _check_outputs(case, model)
         ops = node_list(model)
@@ -477,28 +478,30 @@ class OnnxExport:
 
     def _exported(
         self, case: Case, dtype: torch.dtype, values: dict[str, np.ndarray], target: int
-    ) -> tuple[onnx.ModelProto, str]:
+    ) -> tuple[onnx.ModelProto, str, float]:
         """The case's export, checked, and where it came from: "exported" in this process, or
         "disk cache" where an earlier run or another worker exported the same graph (conformance's
         cache folder, keyed by what the export depends on and the library versions). Every export
         backend with the same key (onnx-export, onnx-export-optimized at one rank) shares the entry:
-        the graph is the exporter's, whichever backend asked for it."""
+        the graph is the exporter's, whichever backend asked for it; and the seconds it waited for
+        another process exporting it."""
         shape = self.graph_shape(case)
         entry = self._entry(case, dtype, target)
         if entry is None:
-            return _checked(case, _export(case, dtype, values, target, shape)), "exported"
+            return _checked(case, _export(case, dtype, values, target, shape)), "exported", 0.0
         cached = _load(entry)
         if cached is not None:
-            return cached, "disk cache"
+            return cached, "disk cache", 0.0
         # Waits while a precompiling process exports this graph, then reads its entry; a stuck one
         # costs an export here, never the case.
+        start = time.perf_counter()
         with cache.claim(entry.with_suffix(".lock"), wait=CLAIM_WAIT_S):
+            waited = time.perf_counter() - start
             cached = _load(entry)
             if cached is not None:
-                return cached, "disk cache"
-            return _store(
-                entry, lambda: _checked(case, _export(case, dtype, values, target, shape))
-            ), "exported"
+                return cached, "disk cache", waited
+            model = _store(entry, lambda: _checked(case, _export(case, dtype, values, target, shape)))
+            return model, "exported", waited
 
     def _entry(self, case: Case, dtype: torch.dtype, target: int) -> Path | None:
         """The graph cache's name of this export, without suffix (None without a cache)."""
@@ -512,10 +515,10 @@ class OnnxExport:
         )
 
     def precompile(self, case: Case, *, grad: bool) -> str:
-        """Export ``case``'s graph into the graph cache ahead of the run (in another process:
-        conformance/running/precompile.py), as prepare() would export it. 'built', or why not:
-        'cached' (exported before, or refused), 'claimed' (a process is exporting it), 'skipped' (no
-        graph cache, or the exporter refuses it)."""
+        """Export ``case``'s graph into the graph cache ahead of the run (in the process ahead, or in
+        the run while it waits: conformance/running/precompile.py), as prepare() would export it.
+        'built', or why not: 'cached' (exported before, or refused), 'claimed' (a process is exporting
+        it), 'skipped' (no graph cache, or the exporter refuses it)."""
         dtype, values = self._module_values(case, make_inputs(case))
         target = self.target_opset()
         entry = self._entry(case, dtype, target)

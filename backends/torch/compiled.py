@@ -468,13 +468,19 @@ class TorchCompile:
         """The lock file of one canonical compile in the graph cache (None without a cache); a
         ``.done`` file beside it once the graph is in inductor's caches."""
         folder = cache.folder(f"torch-compile/torch-{torch.__version__}/claims")
-        return None if folder is None else folder / cache.digest(canonical_case.to_dict(), grad)
+        if folder is None:
+            return None
+        # Inductor's cache keys hold the device and the thread count too: a graph compiled under
+        # others is another entry.
+        where = (common.device().type, torch.get_num_threads())
+        return folder / cache.digest(canonical_case.to_dict(), grad, where)
 
     def precompile(self, case: Case, *, grad: bool) -> str:
-        """Compile ``case``'s canonical graph into the graph cache ahead of the run (in another
-        process: conformance/running/precompile.py), exactly as prepare() would compile it, so the
-        run's own compile loads it. 'built', or why not: 'cached' (compiled before), 'claimed' (a
-        process is compiling it), 'skipped' (no graph cache, or torch rejects the dtype mix)."""
+        """Compile ``case``'s canonical graph into the graph cache ahead of the run (in the process
+        ahead, or in the run while it waits: conformance/running/precompile.py), exactly as
+        prepare() would compile it, so the run's own compile loads it. 'built', or why not: 'cached'
+        (compiled before), 'claimed' (a process is compiling it), 'skipped' (no graph cache, or
+        torch rejects the dtype mix)."""
         canonical_case = _canonical(case)
         marker = self._marker(canonical_case, grad)
         if marker is None:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -92,26 +94,31 @@ def store(path: Path, data: bytes) -> None:
 # none left: a run that compiles ahead in a second process (conformance/running/precompile.py)
 # builds the next entries of its plan itself instead of idling while that process builds this one.
 _while_waiting: Callable[[], bool] | None = None
-_waiting = False  # inside that work: a claim it waits for does no more of it
+_working = threading.Lock()  # held during that work: a claim it waits for (any thread) does none
+# The longest any claim waits (a run sets it below its call timeout, which a prepare's wait counts
+# against), and the least time left before a wait's end for another unit of work to start.
+_wait_cap = math.inf
+WORK_MARGIN_S = 30.0
 
 
-def while_waiting(work: Callable[[], bool] | None) -> None:
-    """Set (or, with None, clear) the work claim() does while it waits."""
+def while_waiting(work: Callable[[], bool] | None, *, cap: float = math.inf) -> None:
+    """Set (or, with None, clear) the work claim() does while it waits, and cap every wait at ``cap``
+    seconds."""
+    global _while_waiting, _wait_cap
+    _while_waiting, _wait_cap = work, cap
+
+
+def _wait_work(deadline: float) -> bool:
+    """One unit of the waiting work; False when there is none, or too little time is left for one
+    (then the caller sleeps)."""
     global _while_waiting
-    _while_waiting = work
-
-
-def _wait_work() -> bool:
-    """One unit of the waiting work; False when there is none (then the caller sleeps)."""
-    global _waiting, _while_waiting
     work = _while_waiting
-    if work is None or _waiting:
+    if work is None or deadline - time.monotonic() < WORK_MARGIN_S or not _working.acquire(blocking=False):
         return False
-    _waiting = True
     try:
         more = work()
     finally:
-        _waiting = False
+        _working.release()
     if not more:
         _while_waiting = None
     return more
@@ -136,7 +143,7 @@ def claim(path: Path, *, wait: float = 0.0) -> Iterator[bool]:
         yield True
         return
     try:
-        yield fcntl is None or _lock(fd, time.monotonic() + wait)
+        yield fcntl is None or _lock(fd, time.monotonic() + min(wait, _wait_cap))
     finally:
         os.close(fd)  # releases the lock
 
@@ -149,7 +156,7 @@ def _lock(fd: int, deadline: float) -> bool:
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 return False
-            if not _wait_work():
+            if not _wait_work(deadline):
                 time.sleep(0.02)
         except OSError:  # a file system without locks: build unlocked
             return True

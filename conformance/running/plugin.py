@@ -205,7 +205,9 @@ class RunState:
             modules = sorted({type(backend).__module__ for backend in backends.values()})
             self.ahead = precompile.start(targets, modules)
             if self.ahead is not None:
-                cache.while_waiting(precompile.Helper(targets, backends))
+                # A prepare's wait counts against the call timeout: capped well below it.
+                cap = self.settings.timeout / 4
+                cache.while_waiting(precompile.Helper(targets, backends), cap=cap)
 
     def _precompile_targets(self, items: list[pytest.Item]) -> Generator[precompile.Target, None, None]:
         """What the run will prepare on a backend with a precompile() hook, in the run's order."""
@@ -235,9 +237,14 @@ class RunState:
                 self.records.append((synthesized, json_line(synthesized)))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if self.ahead is not None:
-            cache.while_waiting(None)
-            self.ahead.stop()
+        try:
+            self._finish(session, exitstatus)
+        finally:
+            if self.ahead is not None:
+                cache.while_waiting(None)
+                self.ahead.stop()
+
+    def _finish(self, session: pytest.Session, exitstatus: int) -> None:
         if not self.writer or not self.records:
             return
         finish = time.perf_counter()

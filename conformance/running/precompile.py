@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,25 +98,30 @@ class Ahead:
             json.dump({"modules": list(modules), "targets": [t.to_dict() for t in targets]}, out)
         self.plan_path = Path(name)
         self.log_path = folder / LOG
+        # The run's import path (its rootdir, an ini ``pythonpath``, conftest folders), so the modules
+        # that register its backends import there too.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         with open(self.log_path, "w") as log:
-            # Its own session: stop() signals it and the compilers it runs, never the run's group.
+            # Its own session: a Ctrl-C in the run's terminal reaches the run, which stops it.
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "conformance.running.precompile", str(self.plan_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env=env,
                 start_new_session=True,
             )
 
     def stop(self) -> None:
-        """Let it finish the entry it is building (an entry is written whole, never half), then end it."""
+        """Let it finish the entry it is building (an entry is written whole, never half), then end it;
+        past STOP_WAIT_S it is killed, its compilers left to finish the files they write."""
         try:
             if self.process.poll() is None:
                 self.process.send_signal(signal.SIGTERM)
                 try:
                     self.process.wait(timeout=STOP_WAIT_S)
                 except subprocess.TimeoutExpired:
-                    os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.kill()
                     self.process.wait()
         finally:
             self.plan_path.unlink(missing_ok=True)
@@ -149,14 +155,29 @@ class Helper:
         while self.next < len(self.targets):
             target = self.targets[self.next]
             self.next += 1
-            try:
-                answer = str(getattr(self.backends[target.backend], HOOK)(target.case, grad=target.grad))
-            except Exception:
-                answer = "failed"
+            # Its warnings are not the waiting check's: they would be recorded on that check's result.
+            with warnings.catch_warnings(record=True):
+                answer = _answer(self.backends[target.backend], target)
             self.counts[answer] = self.counts.get(answer, 0) + 1
-            if answer in ("built", "failed"):
+            if answer not in SKIPPED:
                 return True
         return False
+
+
+# The hook's answers that did no work: the walk goes on to the next entry at once.
+SKIPPED = frozenset({"cached", "claimed"})
+
+
+def _answer(backend: Backend, target: Target) -> str:
+    """The hook's answer for ``target``, or "failed" (printed) when it raised anything but an interrupt:
+    a pytest outcome (skip, fail) raised in a hook is the hook's failure, not the run's."""
+    try:
+        return str(getattr(backend, HOOK)(target.case, grad=target.grad))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        print(f"{target.backend} {target.case.id} grad={target.grad}: {type(exc).__name__}: {exc}")
+        return "failed"
 
 
 _stopping = False
@@ -174,12 +195,10 @@ def run(targets: Sequence[Target], backends: dict[str, Backend], parent: int | N
     for target in targets:
         if _stopping or (parent is not None and os.getppid() != parent):
             break
+        if target.backend not in backends:
+            continue  # it did not load here: the run builds its entries itself
         start = time.perf_counter()
-        try:
-            answer = str(getattr(backends[target.backend], HOOK)(target.case, grad=target.grad))
-        except Exception as exc:  # the run meets the same failure itself and reports it
-            answer = "failed"
-            print(f"{target.backend} {target.case.id} grad={target.grad}: {type(exc).__name__}: {exc}")
+        answer = _answer(backends[target.backend], target)  # a failure: the run meets it and reports it
         counts[answer] = counts.get(answer, 0) + 1
         seconds = time.perf_counter() - start
         print(f"{answer} {target.backend} {target.case.id} grad={target.grad} {seconds:.2f}s", flush=True)
@@ -194,10 +213,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.nice(10)  # the run's own work first; this uses what the run leaves idle
     given = json.loads(Path(args[0]).read_text())
     for module in given["modules"]:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # its backends are left to the run
+            print(f"import {module}: {type(exc).__name__}: {exc}")
     targets = [Target.from_dict(d) for d in given["targets"]]
+    backends: dict[str, Backend] = {}
     table = registry.entries()
-    backends = {name: table[name].load() for name in dict.fromkeys(t.backend for t in targets)}
+    for name in dict.fromkeys(t.backend for t in targets):
+        try:
+            backends[name] = table[name].load()
+        except Exception as exc:
+            print(f"load {name}: {type(exc).__name__}: {exc}")
     counts = run(targets, backends, parent)
     print("done", json.dumps(counts, sort_keys=True), flush=True)
     return 0

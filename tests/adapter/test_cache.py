@@ -7,7 +7,16 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+try:
+    import fcntl
+except ImportError:  # no advisory locks: the claim tests are skipped
+    fcntl = None  # type: ignore[assignment]
+
 from conformance.adapter import cache
+
+from support.suite import ROOT
 
 
 def test_no_folder_when_the_cache_is_off_or_unset(monkeypatch):
@@ -57,6 +66,10 @@ def test_a_folder_that_cannot_be_made_turns_the_cache_off(monkeypatch, tmp_path)
     assert cache.folder("onnx-export") is None
 
 
+needs_flock = pytest.mark.skipif(not cache.can_claim(), reason="no advisory file locks on this platform")
+
+
+@needs_flock
 def test_a_claim_excludes_another_holder_until_released(tmp_path):
     path = tmp_path / "entry.lock"
     with cache.claim(path) as first:
@@ -79,9 +92,11 @@ with cache.claim(Path(sys.argv[1])) as held:
 """
 
 
+@needs_flock
 def test_a_killed_holder_leaves_no_claim_behind(tmp_path):
     path = tmp_path / "entry.lock"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True)
+    command = [sys.executable, "-c", HOLDER, str(path)]
+    holder = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "True"
         with cache.claim(path) as held:
@@ -100,22 +115,38 @@ def test_a_claim_that_cannot_make_its_lock_file_builds_unlocked(tmp_path):
         assert held is True
 
 
-def test_a_waiting_claim_does_the_waiting_work_once_at_a_time_until_none_is_left(tmp_path):
-    path, other = tmp_path / "entry.lock", tmp_path / "other.lock"
+@needs_flock
+def test_a_waiting_claim_does_the_waiting_work_one_unit_at_a_time(tmp_path):
+    path = tmp_path / "entry.lock"
+    holder = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another holder, let go on the work's third unit
     calls: list[bool] = []
 
     def work() -> bool:
-        with cache.claim(path, wait=0.05) as nested:  # waits without doing more of this work
+        with cache.claim(path, wait=0.05) as nested:  # a wait inside the work does none of it
             calls.append(nested)
-        return len(calls) < 3
+        if len(calls) == 3:
+            os.close(holder)
+        return True
 
     cache.while_waiting(work)
     try:
-        with cache.claim(path), cache.claim(path, wait=0.5) as held:
-            assert held is False
-        assert calls == [False, False, False]  # then it returned False and was cleared
-        with cache.claim(other), cache.claim(other, wait=0.05):
-            pass
-        assert len(calls) == 3
+        with cache.claim(path, wait=60) as held:
+            assert held is True
+        assert calls == [False, False, False]
+        with cache.claim(path) as first, cache.claim(path, wait=1) as second:  # < WORK_MARGIN_S left
+            assert first and not second and len(calls) == 3
+    finally:
+        cache.while_waiting(None)
+
+
+@needs_flock
+def test_a_run_caps_every_wait(tmp_path):
+    path = tmp_path / "entry.lock"
+    cache.while_waiting(None, cap=0.1)
+    try:
+        start = time.monotonic()
+        with cache.claim(path), cache.claim(path, wait=60) as held:
+            assert held is False and time.monotonic() - start < 30
     finally:
         cache.while_waiting(None)

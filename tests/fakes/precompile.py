@@ -8,6 +8,7 @@ claim builds it and leaves a ``.done`` file. Both fakes compute as fakes.core's 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from fakes.core import F, NumpyFake, Prepared
 
 # How long the lockstep fake's prepare waits for the process ahead to answer an entry.
 ANSWER_WAIT_S = 120.0
+# How long the slow fake's hook takes per entry in the process ahead.
+AHEAD_BUILD_S = 2.0
 
 
 def entry_of(case: Case, grad: bool) -> Path:
@@ -30,6 +33,18 @@ def entry_of(case: Case, grad: bool) -> Path:
 def _log(entry: Path, who: str, case: Case, grad: bool) -> None:
     with open(entry.parent / "built.log", "a") as log:
         log.write(f"{who} {os.getpid()} {case.id} grad={grad}\n")
+
+
+def _build_after(sign: Path, entry: Path, case: Case, grad: bool) -> None:
+    """The run's prepare: once ``sign`` exists (or after ANSWER_WAIT_S), claim the entry (waiting for
+    a process building it) and build it unless it is done."""
+    deadline = time.monotonic() + ANSWER_WAIT_S
+    while not sign.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with cache.claim(entry, wait=ANSWER_WAIT_S):
+        if not entry.with_suffix(".done").exists():
+            _log(entry, "run", case, grad)
+            cache.store(entry.with_suffix(".done"), b"")
 
 
 @conformance.register("fake-precompile-lockstep")
@@ -57,13 +72,7 @@ class Lockstep(NumpyFake):
 
     def prepare(self, case: Case, inputs: dict[str, F], *, grad: bool) -> Prepared:
         entry = entry_of(case, grad)
-        deadline = time.monotonic() + ANSWER_WAIT_S
-        while not entry.with_suffix(".answered").exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        with cache.claim(entry, wait=ANSWER_WAIT_S):
-            if not entry.with_suffix(".done").exists():
-                _log(entry, "run", case, grad)
-                cache.store(entry.with_suffix(".done"), b"")
+        _build_after(entry.with_suffix(".answered"), entry, case, grad)
         return super().prepare(case, inputs, grad=grad)
 
 
@@ -87,3 +96,36 @@ class PrecompileSlow(NumpyFake):
     def precompile(self, case: Case, *, grad: bool) -> str:
         time.sleep(float(os.environ.get("NORMCONF_FAKE_PRECOMPILE_SLEEP", "0")))
         return "slept"
+
+
+def _ahead() -> bool:
+    """Whether this is the process compiling ahead (python -m conformance.running.precompile)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return spec is not None and spec.name == "conformance.running.precompile"
+
+
+@conformance.register("fake-precompile-slow-ahead")
+class SlowAhead(NumpyFake):
+    """Correct; its hook takes ``AHEAD_BUILD_S`` per entry in the process ahead and no time in the run.
+    Its prepare starts once that process has begun its first entry, so the run waits for it and, while
+    it waits, builds the following entries itself (logged "helper"; the process ahead logs "ahead")."""
+
+    name = "fake-precompile-slow-ahead"
+
+    def precompile(self, case: Case, *, grad: bool) -> str:
+        entry = entry_of(case, grad)
+        with cache.claim(entry) as held:
+            if not held:
+                return "claimed"
+            if entry.with_suffix(".done").exists():
+                return "cached"
+            _log(entry, "ahead" if _ahead() else "helper", case, grad)
+            if _ahead():
+                time.sleep(AHEAD_BUILD_S)
+            cache.store(entry.with_suffix(".done"), b"")
+            return "built"
+
+    def prepare(self, case: Case, inputs: dict[str, F], *, grad: bool) -> Prepared:
+        entry = entry_of(case, grad)
+        _build_after(entry.parent / "built.log", entry, case, grad)
+        return super().prepare(case, inputs, grad=grad)

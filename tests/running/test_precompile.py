@@ -86,24 +86,40 @@ def _pairs(run_records: list[dict[str, object]]) -> set[tuple[str, bool]]:
     return {(r["case"]["id"], BITWISE_GRAD.get(str(r["check"]), True)) for r in run_records}  # type: ignore[index]
 
 
-@pytest.mark.heavy(20)
-def test_a_one_process_run_offers_every_target_ahead_in_its_order(tmp_path) -> None:
+def _built(
+    tmp_path, backend: str, op: str
+) -> tuple[list[str], list[tuple[str, bool]], set[tuple[str, bool]]]:
+    """A run of ``backend`` over ``op`` (checks alone) on its own graph cache: who built each entry
+    (the fakes' log, in order), the entries, and the (case, grad) pairs the run's checks prepared."""
     graphs = tmp_path / "cache"
     run = run_suite(
-        tmp_path, "-p", "fakes.precompile", "--backend", "fake-precompile-lockstep", "--op", "layer_norm",
-        "--graph-cache", str(graphs), "-k", ONLY_CHECKS,
+        tmp_path, "-p", "fakes.precompile", "--backend", backend, "--op", op, "--graph-cache", str(graphs),
+        "-k", ONLY_CHECKS,
     )  # fmt: skip
     assert run.returncode == 0, run.output[-3000:]
     assert run.outcomes() and set(run.outcomes()) <= {"passed"}
     lines = (graphs / "fake-precompile" / "built.log").read_text().splitlines()
     built = [re.fullmatch(r"(\w+) \d+ (\S+) grad=(True|False)", line) for line in lines]
-    assert all(m is not None and m[1] == "ahead" for m in built), lines  # the run built none itself
-    pairs = [(m[2], m[3] == "True") for m in built if m is not None]
-    assert len(pairs) == len(set(pairs)) and set(pairs) == _pairs(run.records)
+    assert all(m is not None for m in built), lines
+    return [m[1] for m in built if m], [(m[2], m[3] == "True") for m in built if m], _pairs(run.records)
+
+
+@pytest.mark.heavy(20)
+def test_a_one_process_run_offers_every_target_ahead_in_its_order(tmp_path) -> None:
+    who, pairs, prepared = _built(tmp_path, "fake-precompile-lockstep", "layer_norm")
+    assert set(who) == {"ahead"}  # the run built none itself
+    assert len(pairs) == len(set(pairs)) and set(pairs) == prepared
     first = {case: i for i, (case, _) in reversed(list(enumerate(pairs)))}
     assert pairs == sorted(pairs, key=lambda p: (first[p[0]], p[1]))  # case by case, forward first
-    log = (graphs / precompile.LOG).read_text().splitlines()
+    log = (tmp_path / "cache" / precompile.LOG).read_text().splitlines()
     assert log[-1] == "done " + json.dumps({"built": len(pairs)})
+
+
+@pytest.mark.heavy(20)
+def test_while_the_run_waits_for_an_entry_it_builds_the_next_ones(tmp_path) -> None:
+    who, pairs, prepared = _built(tmp_path, "fake-precompile-slow-ahead", "rms_norm")
+    assert len(pairs) == len(set(pairs)) and set(pairs) == prepared  # each entry built once
+    assert who[0] == "ahead" and "helper" in who, who  # the run built while it waited
 
 
 @pytest.mark.heavy(20)
