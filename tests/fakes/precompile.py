@@ -35,6 +35,20 @@ def _log(entry: Path, who: str, case: Case, grad: bool) -> None:
         log.write(f"{who} {os.getpid()} {case.id} grad={grad}\n")
 
 
+def _claim_and_build(entry: Path, who: str, case: Case, grad: bool, seconds: float = 0.0) -> str:
+    """A hook's build of one entry, as torch-compile's: claim it without waiting, build it (log ``who``,
+    take ``seconds``) unless another process holds it or it is done."""
+    with cache.claim(entry) as held:
+        if not held:
+            return "claimed"
+        if entry.with_suffix(".done").exists():
+            return "cached"
+        _log(entry, who, case, grad)
+        time.sleep(seconds)
+        cache.store(entry.with_suffix(".done"), b"")
+        return "built"
+
+
 def _build_after(sign: Path, entry: Path, case: Case, grad: bool) -> None:
     """The run's prepare: once ``sign`` exists (or after ANSWER_WAIT_S), claim the entry (waiting for
     a process building it) and build it unless it is done."""
@@ -59,14 +73,7 @@ class Lockstep(NumpyFake):
     def precompile(self, case: Case, *, grad: bool) -> str:
         entry = entry_of(case, grad)
         try:
-            with cache.claim(entry) as held:
-                if not held:
-                    return "claimed"
-                if entry.with_suffix(".done").exists():
-                    return "cached"
-                _log(entry, "ahead", case, grad)
-                cache.store(entry.with_suffix(".done"), b"")
-                return "built"
+            return _claim_and_build(entry, "ahead", case, grad)
         finally:
             cache.store(entry.with_suffix(".answered"), b"")
 
@@ -113,17 +120,9 @@ class SlowAhead(NumpyFake):
     name = "fake-precompile-slow-ahead"
 
     def precompile(self, case: Case, *, grad: bool) -> str:
-        entry = entry_of(case, grad)
-        with cache.claim(entry) as held:
-            if not held:
-                return "claimed"
-            if entry.with_suffix(".done").exists():
-                return "cached"
-            _log(entry, "ahead" if _ahead() else "helper", case, grad)
-            if _ahead():
-                time.sleep(AHEAD_BUILD_S)
-            cache.store(entry.with_suffix(".done"), b"")
-            return "built"
+        ahead = _ahead()
+        who, seconds = ("ahead", AHEAD_BUILD_S) if ahead else ("helper", 0.0)
+        return _claim_and_build(entry_of(case, grad), who, case, grad, seconds)
 
     def prepare(self, case: Case, inputs: dict[str, F], *, grad: bool) -> Prepared:
         entry = entry_of(case, grad)
