@@ -213,9 +213,8 @@ class RunState:
         """What the run will prepare on a backend with a precompile() hook, in the run's order."""
         for item in items:
             match = NODE_ID.search(item.nodeid)
-            callspec = getattr(item, "callspec", None)
-            target = callspec.params.get("normconf_target") if callspec is not None else None
-            if match is None or match["check"] not in checks.CHECKS or not isinstance(target, tuple):
+            target = _target(item)
+            if match is None or match["check"] not in checks.CHECKS or target is None:
                 continue
             name, case = target
             opened = self.backend(name)
@@ -478,11 +477,17 @@ def _case_major(config: pytest.Config, items: list[pytest.Item]) -> None:
     items[:] = [item for _, item in targets] + [item for k, item in keyed if k is None]
 
 
-def _case_id(item: pytest.Item) -> str | None:
+def _target(item: pytest.Item) -> tuple[str, Case] | None:
+    """A check test's (backend, case), or None for any other test."""
     callspec = getattr(item, "callspec", None)
     target = callspec.params.get("normconf_target") if callspec is not None else None
     # An empty parametrization holds a NOTSET marker, not a (backend, case) pair.
-    return target[1].id if isinstance(target, tuple) else None
+    return target if isinstance(target, tuple) else None
+
+
+def _case_id(item: pytest.Item) -> str | None:
+    target = _target(item)
+    return target[1].id if target is not None else None
 
 
 @pytest.fixture
