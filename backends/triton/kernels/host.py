@@ -11,13 +11,17 @@ Timed calls run on CPU tensors (torch's C++ paths, as on a GPU host; glibc's mal
 large blocks, as the CUDA caching allocator does: conformance/bench/allocator.py). ``census()`` says what
 one steady-state call on meta tensors does besides computing: the kernels it launches, the
 host-to-device copies, the torch operations that would run a kernel of their own on the device, and the
-allocations (outputs, saved statistics, partial buffers). ``python -m backends.triton.kernels.host``
-prints both for the benchmark's cases; backends/triton/bench times them with pytest-benchmark.
+allocations (outputs, saved statistics, partial buffers). ``FloorPrepared`` is the same call with the
+backend's host path taken out (the harness and autograd with the same tensors allocated, nothing
+launched): the floor under a call's time on the machine that measures it, which differs between machines
+more than the path itself does. ``python -m backends.triton.kernels.host`` prints all three for the
+benchmark's cases; backends/triton/bench times them with pytest-benchmark.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,10 +36,10 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from backends.triton.backend import TritonPrepared  # noqa: E402
-from backends.triton.kernels import launcher  # noqa: E402
+from backends.triton.kernels import launch, launcher  # noqa: E402
 from conformance.bench import allocator  # noqa: E402
 from conformance.model import inputs  # noqa: E402
-from conformance.model.case import Case  # noqa: E402
+from conformance.model.case import ADD_OPS, Case  # noqa: E402
 from conformance.model.dtypes import DTYPES  # noqa: E402
 
 # The launch policy of an H100 / H200 (132 multiprocessors): launch counts and grids as on those GPUs.
@@ -61,10 +65,11 @@ def case(op: str, shape: str, dtype: str = "bfloat16") -> Case:
     return Case(op=op, shape=SHAPES[shape], dtype=dtype, eps=1e-6)
 
 
-def prepared(c: Case, *, grad: bool, device: str = "meta") -> TritonPrepared:
+def prepared(c: Case, *, grad: bool, device: str = "meta", floor: bool = False) -> TritonPrepared:
     """The triton backend's prepared call of ``c`` with the GPU policy, on tensors of ``device``: "meta"
     for the census (a copy from the CPU is visible as one), "cpu" for timing (torch's C++ paths, as on
-    a GPU host: some meta kernels are Python, and would be timed instead)."""
+    a GPU host: some meta kernels are Python, and would be timed instead). ``floor``: the same call with
+    nothing between the harness and autograd (``FloorPrepared``), the floor its host time stands on."""
     if device not in ("meta", "cpu"):
         raise ValueError(f"device={device!r} is not allowed; allowed: meta, cpu")
     torch_dtypes = {name: getattr(torch, name) for name in DTYPES}
@@ -72,7 +77,42 @@ def prepared(c: Case, *, grad: bool, device: str = "meta") -> TritonPrepared:
         name: torch.zeros(shape, dtype=torch_dtypes[dtype], device=device)
         for name, (shape, dtype) in inputs.specs(c, grad=grad).items()
     }
-    return TritonPrepared(c, tensors, grad, META, GPU_POLICY)
+    return (FloorPrepared if floor else TritonPrepared)(c, tensors, grad, META, GPU_POLICY)
+
+
+class _Floor(torch.autograd.Function):
+    """Every output and gradient allocated, nothing computed or launched: what any
+    ``torch.autograd.Function`` with these inputs and outputs costs a call on the host."""
+
+    @staticmethod
+    def forward(ctx: Any, outputs: int, *tensors: torch.Tensor | None) -> Any:
+        x = tensors[0]
+        assert x is not None, "x comes first"
+        ctx.save_for_backward(*tensors)
+        made = tuple(torch.empty_like(x) for _ in range(outputs))
+        return made if outputs > 1 else made[0]
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        needed = ctx.needs_input_grad[1:]
+        made = (
+            torch.empty_like(t) if need else None for t, need in zip(ctx.saved_tensors, needed, strict=True)
+        )
+        return (None, *made)
+
+
+class FloorPrepared(TritonPrepared):
+    """The triton backend's prepared call with the fused forward (and backward) replaced by ``_Floor``:
+    the same harness (grad mode, ``torch.autograd.grad`` over the same outputs and cotangents, the results
+    detached), the same tensors allocated, no kernel. A call of the backend less this one's is what its
+    own host path adds: the launches' keys, the launch shapes, the partial buffers, the Python between."""
+
+    def _forward(self) -> dict[str, Any]:
+        t = self.t
+        names = ("x", "residual", "weight", "bias") if self.case.op in ADD_OPS else ("x", "weight", "bias")
+        # launch.apply, as the backend's functions: autograd only where a gradient is needed.
+        out = launch.apply(_Floor, len(self._heads), *(t.get(name) for name in names))
+        return dict(zip(self._heads, out if isinstance(out, tuple) else (out,), strict=True))
 
 
 @contextlib.contextmanager
@@ -161,33 +201,47 @@ def census(call: Callable[[], None]) -> Census:
     )
 
 
-def seconds_per_call(call: Callable[[], None], *, budget_s: float = 0.5) -> float:
-    """Median over rounds of ~budget_s / 5 each, launches recorded: for the table of ``main``."""
-    with recorded(call) as once:
-        for _ in range(20):
-            once()  # warm: caches filled, allocator settled
-        rounds: list[float] = []
-        for _ in range(5):
-            n, start = 0, time.perf_counter()
-            while (elapsed := time.perf_counter() - start) < budget_s / 5:
-                once()
-                n += 1
-            rounds.append(elapsed / n)
-    return sorted(rounds)[len(rounds) // 2]
+def seconds_per_call(*calls: Callable[[], None], budget_s: float = 0.5, rounds: int = 7) -> tuple[float, ...]:
+    """Per call of each of ``calls`` (launches recorded), the fastest of ``rounds`` rounds of ~budget_s /
+    rounds each: the calls' rounds interleaved, so that a slower minute of a shared machine slows each
+    alike, and the fastest round, since noise only ever adds time. For the table of ``main``."""
+    with contextlib.ExitStack() as stack:
+        onces = [stack.enter_context(recorded(call)) for call in calls]
+        for once in onces:
+            for _ in range(20):
+                once()  # warm: caches filled, allocator settled
+        best = [math.inf] * len(onces)
+        for _ in range(rounds):
+            for i, once in enumerate(onces):
+                n, start = 0, time.perf_counter()
+                while (elapsed := time.perf_counter() - start) < budget_s / rounds:
+                    once()
+                    n += 1
+                best[i] = min(best[i], elapsed / n)
+    return tuple(best)
 
 
 def main() -> None:
     print(f"malloc: {allocator.configure('pinned')}")
-    print("case | pass | host µs/call | launches | h2d copies | torch kernels | allocations")
+    columns = ("host µs/call", "floor µs/call", "above the floor", "launches", "h2d copies", "torch kernels")
+    print(" | ".join(("case", "pass", *columns, "allocations")))
     for shape in SHAPES:
         for op in OPS:
             for grad in (False, True):
-                seen = census(prepared(case(op, shape), grad=grad))
-                us = seconds_per_call(prepared(case(op, shape), grad=grad, device="cpu")) * 1e6
-                print(
-                    f"{op} {shape} bf16 | {'fwd+bwd' if grad else 'fwd'} | {us:.1f} | {len(seen.launches)} | "
-                    f"{len(seen.h2d_copies)} | {len(seen.torch_kernels)} | {len(seen.allocations)}"
+                c = case(op, shape)
+                seen = census(prepared(c, grad=grad))
+                ours, floor = seconds_per_call(
+                    prepared(c, grad=grad, device="cpu"), prepared(c, grad=grad, device="cpu", floor=True)
                 )
+                times = (f"{ours * 1e6:.1f}", f"{floor * 1e6:.1f}", f"{(ours - floor) * 1e6:.1f}")
+                counts = (seen.launches, seen.h2d_copies, seen.torch_kernels, seen.allocations)
+                row = (
+                    f"{op} {shape} bf16",
+                    "fwd+bwd" if grad else "fwd",
+                    *times,
+                    *(str(len(c)) for c in counts),
+                )
+                print(" | ".join(row))
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ mode.select()
 
 import torch  # noqa: E402
 
-from backends.triton.kernels import blocks, launch  # noqa: E402
+from backends.triton.kernels import blocks, launch, launcher  # noqa: E402
 from backends.triton.kernels import functions as F  # noqa: E402
+from conformance.model.case import ADD_OPS  # noqa: E402
 
 from fakes import triton_host  # noqa: E402
 
@@ -157,3 +158,37 @@ def test_a_gradient_already_in_rows_is_used_as_given_and_any_other_is_made_rows(
     want = torch.autograd.grad(y, (xs, w), cotangent.contiguous())
     for g, r in zip(got, want, strict=True):
         torch.testing.assert_close(g, r, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("op", host.OPS)
+def test_the_floor_is_the_same_call_without_the_backends_host_path(op, grad):
+    # What the host table subtracts: the same harness, outputs and gradients, no launch and no saved
+    # statistics; under no_grad no autograd node at all, as the backend's own forward.
+    c = host.case(op, "32x4096")
+    ours, floor = host.prepared(c, grad=grad), host.prepared(c, grad=grad, floor=True)
+    seen = host.census(floor)
+    assert seen.launches == () and seen.h2d_copies == () and seen.torch_kernels == ()
+    real = host.census(ours)
+    activations, _, params = OUTPUTS[op]
+    # The outputs; with gradients, dx (and dresidual) and each parameter's gradient besides.
+    inputs = 2 if op in ADD_OPS else 1
+    assert len(seen.allocations) == activations + (inputs + params if grad else 0)
+    assert set(seen.allocations) <= set(real.allocations)
+    with launcher.recording():
+        ours(), floor()
+    assert {k: (v.shape, v.dtype) for k, v in floor.results.items()} == {
+        k: (v.shape, v.dtype) for k, v in ours.results.items()
+    }
+    assert all(not v.requires_grad for v in floor.results.values())
+
+
+def test_host_times_are_the_fastest_of_interleaved_rounds():
+    calls: list[str] = []
+    slow = lambda: calls.append("slow") or sum(range(2000))  # noqa: E731
+    fast = lambda: calls.append("fast")  # noqa: E731
+    a, b = host.seconds_per_call(slow, fast, budget_s=0.05, rounds=3)
+    assert 0 < b < a
+    # Round by round: each call's rounds alternate with the other's, not one call's rounds first.
+    runs = [name for i, name in enumerate(calls) if i == 0 or calls[i - 1] != name]
+    assert runs[:6] == ["slow", "fast"] * 3
