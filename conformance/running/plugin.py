@@ -210,17 +210,23 @@ class RunState:
                 cache.while_waiting(precompile.Helper(targets, backends), cap=cap)
 
     def _precompile_targets(self, items: list[pytest.Item]) -> Generator[precompile.Target, None, None]:
-        """What the run will prepare on a backend with a precompile() hook, in the run's order."""
+        """What the run will prepare on a backend with a precompile() hook, in the run's order: each
+        check's case, then each fingerprint question's probe case (its values are the probe's own, but
+        a graph is keyed by the case alone, so the hook builds the graph prepare() will load)."""
         for item in items:
-            match = NODE_ID.search(item.nodeid)
-            target = _target(item)
-            if match is None or match["check"] not in checks.CHECKS or target is None:
+            match, target, probe = NODE_ID.search(item.nodeid), _target(item), _probe(item)
+            if target is not None and match is not None and match["check"] in checks.CHECKS:
+                (name, case), check = target, match["check"]
+            elif probe is not None:
+                name, case, grad = probe
+                check = None
+            else:
                 continue
-            name, case = target
             opened = self.backend(name)
             if isinstance(opened, Absent) or not hasattr(opened[0], precompile.HOOK):
                 continue
-            grad = checks.prepared_grad(match["check"], opened[1])
+            if check is not None:
+                grad = checks.prepared_grad(check, opened[1])
             if opened[1].why_not(case, grad=grad) is None:
                 yield precompile.Target(name, case, grad)
 
@@ -483,6 +489,20 @@ def _target(item: pytest.Item) -> tuple[str, Case] | None:
     target = callspec.params.get("normconf_target") if callspec is not None else None
     # An empty parametrization holds a NOTSET marker, not a (backend, case) pair.
     return target if isinstance(target, tuple) else None
+
+
+def _probe(item: pytest.Item) -> tuple[str, Case, bool] | None:
+    """A fingerprint test's (backend, probe case, grad), or None for any other test and for a question
+    asked through the adapter's prepare_default_eps() hook (a graph of the library's eps, not the case's)."""
+    callspec = getattr(item, "callspec", None)
+    target = callspec.params.get("normconf_question") if callspec is not None else None
+    if not isinstance(target, tuple):
+        return None
+    name, question = target
+    if question.default_eps:
+        return None
+    probe = question.probe()
+    return name, probe.case, probe.grad
 
 
 def _case_id(item: pytest.Item) -> str | None:

@@ -4,7 +4,8 @@ A one-process run leaves a machine's other cores idle while it compiles: on two 
 ``pytest conformance`` spent ~140 of its ~310 s in torch-compile's canonical compiles (inductor's
 C++), one graph at a time, between the checks. When the graph cache is on, more than one core is
 usable and a selected backend has the optional ``precompile(case, *, grad) -> str`` hook, the run
-writes its plan (each of that backend's (case, grad) targets, in the run's order) and starts
+writes its plan (each of that backend's (case, grad) targets, in the run's order: the checks' cases,
+then the fingerprint questions' probe cases) and starts
 ``python -m conformance.running.precompile PLAN``, which walks it, building each entry into the
 graph cache ahead of the run. The run's own prepare then loads what is there.
 

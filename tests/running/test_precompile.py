@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from conformance import fingerprint
 from conformance.adapter import cache
 from conformance.model.case import Case
 from conformance.running import precompile
@@ -17,7 +18,8 @@ from fakes.precompile import Lockstep, PrecompileRaises, entry_of
 from support.suite import ROOT, TESTS, run_suite
 
 BITWISE_GRAD = {"forward": False, "training": False}  # every other check prepares with gradients here
-# The checks alone: the lockstep fake's prepare waits for the process ahead, which builds no probes.
+# The checks alone: the lockstep fake's prepare waits for the process ahead to answer each entry, and
+# the properties' examples are drawn as they run, never planned; the fingerprint has a test of its own.
 ONLY_CHECKS = "not fingerprint and not properties"
 
 
@@ -113,6 +115,33 @@ def test_a_one_process_run_offers_every_target_ahead_in_its_order(tmp_path) -> N
     assert pairs == sorted(pairs, key=lambda p: (first[p[0]], p[1]))  # case by case, forward first
     log = (tmp_path / "cache" / precompile.LOG).read_text().splitlines()
     assert log[-1] == "done " + json.dumps({"built": len(pairs)})
+
+
+@pytest.mark.heavy(20)
+def test_the_fingerprints_probes_are_offered_ahead_after_the_checks(tmp_path) -> None:
+    graphs = tmp_path / "cache"
+    run = run_suite(
+        tmp_path, "-p", "fakes.precompile", "--backend", "fake-precompile-lockstep", "--op", "rms_norm",
+        "--graph-cache", str(graphs), "-k", "not properties",
+    )  # fmt: skip
+    assert run.returncode == 0, run.output[-3000:]
+    lines = (graphs / "fake-precompile" / "built.log").read_text().splitlines()
+    built = [re.fullmatch(r"(\w+) \d+ (\S+) grad=(True|False)", line) for line in lines]
+    assert all(m is not None for m in built), lines
+    assert {m[1] for m in built if m} == {"ahead"}  # the run built none itself, probes included
+    ids = [m[2] for m in built if m]
+    checked = {r["case"]["id"] for r in run.records}
+    # Every probe the run asked through prepare() (not the library-eps questions) was built ahead, after
+    # the checks' cases.
+    asked = {
+        r["probe"]
+        for r in run.kind("fingerprint")
+        if r["outcome"] == "answered" and not str(r.get("answer")).startswith(fingerprint.NOT_ASKABLE)
+        and not fingerprint.QUESTIONS[r["question"]].default_eps
+    }  # fmt: skip
+    assert asked and asked <= set(ids) and not asked & checked
+    first_probe = min(ids.index(i) for i in asked)
+    assert set(ids[:first_probe]) == checked
 
 
 @pytest.mark.heavy(20)
