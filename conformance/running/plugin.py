@@ -214,10 +214,10 @@ class RunState:
         check's case, then each fingerprint question's probe case (its values are the probe's own, but
         a graph is keyed by the case alone, so the hook builds the graph prepare() will load)."""
         for item in items:
-            match, target, probe = NODE_ID.search(item.nodeid), _target(item), _probe(item)
+            match, target = NODE_ID.search(item.nodeid), _target(item)
             if target is not None and match is not None and match["check"] in checks.CHECKS:
                 (name, case), check = target, match["check"]
-            elif probe is not None:
+            elif (probe := _probe(item)) is not None:
                 name, case, grad = probe
                 check = None
             else:
