@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from torch import nn
 from backends.common import ort_support as _ort
 from backends.common import torch_support as common
 from backends.common.translate import offset_scale
+from backends.torch import modules as torch_modules
 from backends.torch.modules import MODULES
 from conformance.adapter import cache
 from conformance.adapter.backend import (
@@ -321,6 +323,12 @@ def _summary(error: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[0] if lines else ''}"
 
 
+def _source() -> str:
+    """The code an export's module comes from (this module's wrappers and export call, torch-nn's
+    modules): part of a cached export's key, so that a new normconf, or an edit of either, exports again."""
+    return cache.sources(sys.modules[__name__], torch_modules)
+
+
 def _export_key(case: Case, dtype: torch.dtype, target: int) -> tuple[object, ...]:
     """What an export depends on besides the graph's rank: leading dimensions and parameter values
     are run-time inputs."""
@@ -511,7 +519,7 @@ class OnnxExport:
         versions = (torch.__version__, onnxscript.__version__, onnx.__version__)
         shape = self.graph_shape(case)
         return where / cache.digest(
-            EXPORT_CACHE_FORMAT, versions, _export_key(case, dtype, target), len(shape)
+            EXPORT_CACHE_FORMAT, versions, _source(), _export_key(case, dtype, target), len(shape)
         )
 
     def precompile(self, case: Case, *, grad: bool) -> str:

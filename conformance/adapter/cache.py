@@ -11,6 +11,7 @@ one. ``normconf cache`` lists the folder; ``normconf cache --clear`` (or deletin
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -19,7 +20,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from importlib import metadata
 from pathlib import Path
+from types import ModuleType
 
 try:
     import fcntl
@@ -65,6 +68,33 @@ def digest(*parts: object) -> str:
     """A file name for an entry keyed by ``parts`` (their reprs: tuples of strings, numbers, None)."""
     text = json.dumps([repr(part) for part in parts])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def sources(*modules: ModuleType) -> str:
+    """A digest of the modules' source, for the key of an entry that code of this package builds (an
+    exporter's input module, say): an upgrade, or an edit in a checkout, then builds the entry again
+    instead of serving one the old code built. A module whose source cannot be read (no file) counts
+    by its name and this package's version."""
+    return _sources(tuple(m.__name__ for m in modules), tuple(getattr(m, "__file__", None) for m in modules))
+
+
+@functools.cache  # once per process: the files do not change under a run
+def _sources(names: tuple[str, ...], files: tuple[str | None, ...]) -> str:
+    h = hashlib.sha256()
+    for name, file in zip(names, files, strict=True):
+        h.update(name.encode() + b"\0")
+        try:
+            h.update(Path(file).read_bytes() if file is not None else _version().encode())
+        except OSError:
+            h.update(_version().encode())
+    return h.hexdigest()[:32]
+
+
+def _version() -> str:
+    try:
+        return metadata.version("normconf")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def load(path: Path) -> bytes | None:

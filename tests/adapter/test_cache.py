@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -39,6 +40,24 @@ def test_digest_is_stable_and_separates_every_part():
     assert cache.digest(1, key) != cache.digest(2, key)
     assert cache.digest(1, key) != cache.digest(1, ("layer_norm", "float32", 1e-6, (64,), None))
     assert cache.digest(1, key) != cache.digest(1, key, 3)
+
+
+def _module(path, source):
+    path.write_text(source)
+    module = types.ModuleType(path.stem)
+    module.__file__ = str(path)
+    return module
+
+
+def test_the_sources_digest_follows_each_modules_code(tmp_path):
+    one, two = _module(tmp_path / "one.py", "A = 1\n"), _module(tmp_path / "two.py", "B = 2\n")
+    digest = cache.sources(one, two)
+    assert cache.sources(one, two) == digest and cache.sources(two, one) != digest
+    edited = _module(tmp_path / "one_edited.py", "A = 2\n")
+    edited.__name__ = "one"
+    assert cache.sources(edited, two) != digest
+    # A module without a file counts by its name and the installed version: still a key, never a crash.
+    assert len(cache.sources(types.ModuleType("nofile"))) == 32
 
 
 def test_store_writes_whole_files_and_load_misses_quietly(tmp_path):

@@ -109,6 +109,19 @@ def test_a_second_run_loads_the_export_from_the_graph_cache(monkeypatch, tmp_pat
     assert len(export.EXPORT_SECONDS) == before
 
 
+def test_an_export_cached_by_other_code_is_not_served(monkeypatch, tmp_path):
+    # A kept .normconf/cache outlives an upgrade of normconf (or an edit of the export's code): the
+    # code's digest is part of the key, so the old entry is not what the new code's run loads.
+    monkeypatch.delenv(export.OPSET_VARIABLE, raising=False)
+    monkeypatch.setenv(cache.VARIABLE, str(tmp_path))
+    case = Case("rms_norm", (4, 32), "float32", 1e-5)
+    assert _prepare(export.OnnxExport(), case).info()["export"] == "exported"
+    assert _prepare(export.OnnxExport(), case).info()["export"] == "disk cache"
+    monkeypatch.setattr(export, "_source", lambda: "other code")
+    assert _prepare(export.OnnxExport(), case).info()["export"] == "exported"
+    assert len(list((tmp_path / export.EXPORT_CACHE).glob("*.onnx"))) == 2
+
+
 def test_an_export_made_ahead_is_the_one_prepare_loads(monkeypatch, tmp_path):
     # conformance/running/precompile.py: the hook exports into the graph cache what prepare() would.
     monkeypatch.delenv(export.OPSET_VARIABLE, raising=False)
