@@ -82,11 +82,12 @@ def sources(*modules: ModuleType) -> str:
 def _sources(names: tuple[str, ...], files: tuple[str | None, ...]) -> str:
     h = hashlib.sha256()
     for name, file in zip(names, files, strict=True):
-        h.update(name.encode() + b"\0")
         try:
-            h.update(Path(file).read_bytes() if file is not None else _version().encode())
+            source = Path(file).read_bytes() if file is not None else _version().encode()
         except OSError:
-            h.update(_version().encode())
+            source = _version().encode()
+        for part in (name.encode(), source):  # each with its length: no two splits of the bytes collide
+            h.update(len(part).to_bytes(8, "little") + part)
     return h.hexdigest()[:32]
 
 
