@@ -70,23 +70,20 @@ def digest(*parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+@functools.cache  # once per process and modules: the files do not change under a run
 def sources(*modules: ModuleType) -> str:
     """A digest of the modules' source, for the key of an entry that code of this package builds (an
     exporter's input module, say): an upgrade, or an edit in a checkout, then builds the entry again
     instead of serving one the old code built. A module whose source cannot be read (no file) counts
     by its name and this package's version."""
-    return _sources(tuple(m.__name__ for m in modules), tuple(getattr(m, "__file__", None) for m in modules))
-
-
-@functools.cache  # once per process: the files do not change under a run
-def _sources(names: tuple[str, ...], files: tuple[str | None, ...]) -> str:
     h = hashlib.sha256()
-    for name, file in zip(names, files, strict=True):
+    for module in modules:
+        file = getattr(module, "__file__", None)
         try:
             source = Path(file).read_bytes() if file is not None else _version().encode()
         except OSError:
             source = _version().encode()
-        for part in (name.encode(), source):  # each with its length: no two splits of the bytes collide
+        for part in (module.__name__.encode(), source):  # each with its length: no two splits collide
             h.update(len(part).to_bytes(8, "little") + part)
     return h.hexdigest()[:32]
 
