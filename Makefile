@@ -67,8 +67,11 @@ conformance-frameworks: $(STAMP)
 porting: $(STAMP)
 	$(BIN)/python scripts/porting_table.py
 
+# Each test module on one worker (its module fixtures built once, not once per worker), in the order of
+# their first test: tests/conftest.py collects the heavy tests first, so their modules go out first.
+TEST_DIST = --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
-	$(BIN)/pytest -n $(WORKERS)
+	$(BIN)/pytest -n $(WORKERS) $(TEST_DIST)
 
 # The default benchmark sweep (serial: timings from parallel workers would mean little), then its tables.
 bench: $(STAMP)

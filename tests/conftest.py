@@ -24,9 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
         " build, a walk of a whole profile); run first, the longest (its seconds there) first, so a"
         " parallel run does not end on one worker finishing it",
     )
-    # xdist's default (load) scheduling is kept: handing tests out one at a time (--maxschedchunk 1)
-    # spread each module's tests over both workers, so module fixtures ran or waited twice, and a CI
-    # make test took 17 min 27 s against 15 min 55 s (docs/benchmarks.md).
+    # Under -n, normconf's scheduler deals these tests out by module (conformance/running/scheduling.py):
+    # a module's fixtures are built on one worker, and the heavy tests' modules go out first.
 
 
 def _heaviness(item: pytest.Item) -> tuple[bool, float]:

@@ -135,18 +135,21 @@ def _set_graph_cache(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """Under ``-n`` without an explicit ``--dist``, deal tests out by (backend, case signature), so a
-    backend exports or compiles each signature once per run instead of once per worker (see
-    conformance/running/scheduling.py). An explicit ``--dist MODE`` (``-d``, ``--dist=load``) is honoured."""
+    """Under ``-n`` without an explicit ``--dist``, deal a suite run's tests out by (backend, case
+    signature), so a backend exports or compiles each signature once per run instead of once per worker
+    (see conformance/running/scheduling.py). An explicit ``--dist MODE`` (``-d``, ``--dist=load``) is
+    honoured, and a run of other tests (a project's own, with normconf installed) keeps xdist's own
+    scheduling, as its options say."""
     if config.getvalue("dist") != "load" or _dist_given(config.invocation_params.args):
+        return None
+    if not _suite_requested(config):
         return None
     from conformance.running import scheduling  # needs xdist, present whenever this hook is called
 
     settings = config.stash[SETTINGS]
     groups = durations.scopes(settings.cases)
-    # Earlier runs' durations order the work slowest first; only a suite run has them.
-    seconds = durations.read() if _suite_requested(config) else {}
-    return scheduling.SignatureScheduling(config, log, groups, seconds)
+    # Earlier runs' durations order the work slowest first.
+    return scheduling.SignatureScheduling(config, log, groups, durations.read())
 
 
 def _dist_given(args: tuple[str, ...]) -> bool:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import types
 from collections import OrderedDict, defaultdict
 from pathlib import Path
@@ -174,3 +178,76 @@ def test_every_test_goes_out_once_by_its_index_and_finished_scopes_leave_the_wor
     assert sorted(done) == sorted(collection)  # each test once, found by its own index
     assert sched.tests_finished and not sched.has_pending
     assert all(w.shutting_down for w in workers)
+
+
+# A project's own test modules with a module fixture each, and a conftest that collects c's test first
+# (as this project's conftest collects its heavy tests first) and says which scheduler the run used.
+_MODULE = """
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def built():
+    with open(os.environ["SCHEDULING_LOG"], "a") as log:
+        log.write(f"{os.environ['PYTEST_XDIST_WORKER']} {__name__}\\n")
+
+
+@pytest.mark.parametrize("i", range(TESTS))
+def test_uses(built, i):
+    pass
+"""
+_CONFTEST = """
+import os
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.module.__name__ != "test_c")
+
+
+def pytest_sessionfinish(session):
+    dsession = session.config.pluginmanager.getplugin("dsession")
+    if dsession is not None:  # the controller
+        with open(os.environ["SCHEDULER_LOG"], "w") as log:
+            log.write(type(dsession.sched).__name__)
+"""
+
+
+def _project_run(tmp_path: Path, *args: str) -> tuple[str, dict[str, list[str]]]:
+    """``pytest -n 2 <args>`` over the project: the scheduler's name, and each worker's modules in the
+    order it built their fixtures."""
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    (project / "conftest.py").write_text(_CONFTEST)
+    for name, tests in (("test_a.py", 1), ("test_b.py", 6), ("test_c.py", 1)):
+        (project / name).write_text(_MODULE.replace("TESTS", str(tests)))
+    log, scheduler = tmp_path / "built.log", tmp_path / "scheduler.log"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "SCHEDULING_LOG": str(log), "SCHEDULER_LOG": str(scheduler)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", *args, str(project)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    by_worker: dict[str, list[str]] = defaultdict(list)
+    for line in log.read_text().splitlines():
+        worker, module = line.split()
+        by_worker[worker].append(module)
+    return scheduler.read_text(), by_worker
+
+
+@pytest.mark.heavy(seconds=10)
+def test_a_run_of_other_tests_keeps_xdists_scheduling_and_make_test_keeps_modules_whole(tmp_path):
+    # normconf's scheduler is for suite runs: a project's own tests keep xdist's default.
+    scheduler, _ = _project_run(tmp_path)
+    assert scheduler == "LoadScheduling"
+    # The Makefile's (and tox's) test options: each module's fixture built once, on one worker, the
+    # modules dealt out in the order of their first test (c, collected first; then a, then b), not most
+    # tests first (b, a, c: then one worker would build b and the other a, then c).
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    options = re.search(r"^TEST_DIST = (.*)$", makefile, re.MULTILINE)
+    assert options is not None
+    scheduler, by_worker = _project_run(tmp_path, *options[1].split())
+    assert scheduler == "LoadFileScheduling"
+    assert sorted(by_worker.values()) == [["test_a"], ["test_c", "test_b"]], by_worker
