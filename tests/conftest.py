@@ -24,8 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
         " build, a walk of a whole profile); run first, the longest (its seconds there) first, so a"
         " parallel run does not end on one worker finishing it",
     )
-    # Under -n, normconf's scheduler deals these tests out by module (conformance/running/scheduling.py):
-    # a module's fixtures are built on one worker, and the heavy tests' modules go out first.
+    # make test and tox deal these tests out by module (the Makefile's TEST_DIST: xdist's loadfile in
+    # collection order): a module's fixtures are built on one worker, the heavy tests' modules first.
 
 
 def _heaviness(item: pytest.Item) -> tuple[bool, float]:

@@ -140,9 +140,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     (see conformance/running/scheduling.py). An explicit ``--dist MODE`` (``-d``, ``--dist=load``) is
     honoured, and a run of other tests (a project's own, with normconf installed) keeps xdist's own
     scheduling, as its options say."""
-    if config.getvalue("dist") != "load" or _dist_given(config.invocation_params.args):
-        return None
-    if not _suite_requested(config):
+    if (
+        config.getvalue("dist") != "load"
+        or _dist_given(config.invocation_params.args)
+        or not _suite_requested(config)
+    ):
         return None
     from conformance.running import scheduling  # needs xdist, present whenever this hook is called
 

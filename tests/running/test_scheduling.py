@@ -245,9 +245,10 @@ def test_a_run_of_other_tests_keeps_xdists_scheduling_and_make_test_keeps_module
     # The Makefile's (and tox's) test options: each module's fixture built once, on one worker, the
     # modules dealt out in the order of their first test (c, collected first; then a, then b), not most
     # tests first (b, a, c: then one worker would build b and the other a, then c).
-    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
-    options = re.search(r"^TEST_DIST = (.*)$", makefile, re.MULTILINE)
+    root = Path(__file__).resolve().parents[2]
+    options = re.search(r"^TEST_DIST = (.*)$", (root / "Makefile").read_text(), re.MULTILINE)
     assert options is not None
+    assert f"pytest -n auto {options[1]} {{posargs}}" in (root / "tox.ini").read_text()  # tox's unit
     scheduler, by_worker = _project_run(tmp_path, *options[1].split())
     assert scheduler == "LoadFileScheduling"
     assert sorted(by_worker.values()) == [["test_a"], ["test_c", "test_b"]], by_worker
