@@ -11,12 +11,11 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from backends.triton.kernels import blocks, mode
-from backends.triton.kernels.launcher import launch
+from backends.triton.kernels.launcher import Options, launch_with
 
 mode.require_selected()
 
@@ -96,13 +95,13 @@ def _scalars(eps: str, second: str, acc: torch.dtype, device: torch.device) -> t
 
 def rows(x: torch.Tensor, normalized_shape: Sequence[int]) -> torch.Tensor:
     """x as [n_rows, n_cols] (a view when x is contiguous, else a contiguous copy)."""
+    if len(normalized_shape) == 1 and x.ndim == 2 and x.shape[1] == normalized_shape[0] and x.is_contiguous():
+        return x  # already [n_rows, n_cols]: no view to make (each costs host time)
     n_cols = math.prod(normalized_shape)
     if tuple(x.shape[x.ndim - len(normalized_shape) :]) != tuple(normalized_shape):
         raise ValueError(
             f"x of shape {tuple(x.shape)} does not end in normalized_shape={tuple(normalized_shape)}"
         )
-    if x.ndim == 2 and len(normalized_shape) == 1 and x.is_contiguous():
-        return x  # already [n_rows, n_cols]: no view to make (each costs host time)
     return x.reshape(-1, n_cols).contiguous()
 
 
@@ -136,10 +135,8 @@ def reduce(
     elif len(parts) != 1:
         raise ValueError(f"one reduction takes one or two partial buffers of one shape: got {len(parts)}")
     b = blocks.column_sum(first.shape[0], first.shape[1], pol)
-    launch(
-        column_sum, b.programs, first, outs[0], second, out2, first.shape[0], first.shape[1],
-        TWO=len(parts) == 2, **tile_options(b),
-    )  # fmt: skip
+    args = (first, outs[0], second, out2, first.shape[0], first.shape[1])
+    launch_with(column_sum, b.programs, args, tiled(b, _SUM, len(parts) == 2))
     return outs
 
 
@@ -147,6 +144,28 @@ def reduce(
 @functools.lru_cache(maxsize=4096)
 def launch_options(b: blocks.Blocks) -> Mapping[str, Any]:
     return MappingProxyType({**tile_options(b), "ONE_CHUNK": b.one_chunk})
+
+
+# The constexprs of each kernel launched on every call, by name (values in this order at the call).
+_LN_FWD = ("HAS_RES", "EXACT", "HAS_W", "HAS_B", "ACC")
+_RMS_FWD = ("HAS_RES", "EXACT", "HAS_W", "ACC")
+_LN_BWD = ("SUM", "HAS_DRES_OUT", "OWN_DRES", "HAS_W", "WANT_DW", "WANT_DB", "ACC")
+_RMS_BWD = ("SUM", "HAS_DRES_OUT", "OWN_DRES", "HAS_W", "WANT_DW", "ACC")
+_SUM = ("TWO",)
+
+
+@functools.lru_cache(maxsize=4096)
+def chunked(b: blocks.Blocks, names: tuple[str, ...], *values: Any) -> Options:
+    """A row kernel's options: its constexprs ``names`` = ``values`` and the launch shape's
+    (``launch_options``), made once per distinct set and kept: a launch neither builds them again nor
+    hashes them item by item (launcher.Options)."""
+    return Options({**dict(zip(names, values, strict=True)), **launch_options(b)})
+
+
+@functools.lru_cache(maxsize=4096)
+def tiled(b: blocks.Blocks, names: tuple[str, ...], *values: Any) -> Options:
+    """``chunked`` for the kernels that loop over every chunk (``tile_options``: no ONE_CHUNK)."""
+    return Options({**dict(zip(names, values, strict=True)), **tile_options(b)})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -179,19 +198,18 @@ def sums(
     return tuple(next(done) if want and like is not None else None for want, _, like in pairs)
 
 
-@dataclass(frozen=True)
-class Stream:
+class Stream(NamedTuple):
     """The fused residual add of one forward launch, all [n_rows, n_cols]: ``residual`` in, ``out``
     (residual_out, in residual's dtype: it may be residual itself) written; ``exact``: the norm reads
-    the unrounded sum rather than residual_out as stored."""
+    the unrounded sum rather than residual_out as stored. (A named tuple, as ``Grads``: one is made on
+    every call, at half a frozen dataclass's cost.)"""
 
     residual: torch.Tensor
     out: torch.Tensor
     exact: bool = False
 
 
-@dataclass(frozen=True)
-class Grads:
+class Grads(NamedTuple):
     """Where a row backward writes dL/dx ([n_rows, n_cols]) and what the add ops add to it:
     residual_out's cotangent ``dres_out`` and a separate ``dres`` buffer when the stream's dtype differs
     from x's (with one dtype, dL/dresidual is dL/dx itself and the caller hands dx out twice)."""
@@ -200,11 +218,12 @@ class Grads:
     dres_out: torch.Tensor | None = None
     dres: torch.Tensor | None = None
 
-    def kernel_args(self) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], dict[str, bool]]:
-        """(DX, DRES_OUT, DRES) pointers, dummies where absent, and the flags that say which are real."""
+    def kernel_args(self) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[bool, bool]]:
+        """(DX, DRES_OUT, DRES) pointers, dummies where absent, and the flags that say which are real
+        (HAS_DRES_OUT, OWN_DRES)."""
         dx, dres_out, dres = self.dx, self.dres_out, self.dres
         pointers = (dx, dx if dres_out is None else dres_out, dx if dres is None else dres)
-        return pointers, {"HAS_DRES_OUT": self.dres_out is not None, "OWN_DRES": self.dres is not None}
+        return pointers, (dres_out is not None, dres is not None)
 
 
 def stream_rows(
@@ -268,13 +287,13 @@ def layer_norm_forward(
     mean, rstd = x2.new_empty(n_rows, dtype=acc), x2.new_empty(n_rows, dtype=acc)
     b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
     res, out = (x2, y) if stream is None else (stream.residual, stream.out)
-    launch(
-        layer_norm_fwd, b.programs,
+    args = (
         x2, res, x2 if w is None else w, x2 if b_ is None else b_, scalars(eps, 0.0, acc, x2.device),
         y, out, mean, rstd, n_rows, n_cols,
-        HAS_RES=stream is not None, EXACT=stream is not None and stream.exact, HAS_W=w is not None,
-        HAS_B=b_ is not None, ACC=tl_dtype(acc), **launch_options(b),
     )  # fmt: skip
+    has_res, exact = stream is not None, stream is not None and stream.exact
+    flags = (has_res, exact, w is not None, b_ is not None, tl_dtype(acc))
+    launch_with(layer_norm_fwd, b.programs, args, chunked(b, _LN_FWD, *flags))
     return mean, rstd
 
 
@@ -295,14 +314,13 @@ def layer_norm_backward(
     b = blocks.backward(n_rows, n_cols, pol, wide=mean.dtype == torch.float64)
     dw_part = partial(want_dw, b, n_cols, mean.dtype, mean)
     db_part = partial(want_db, b, n_cols, mean.dtype, mean)
-    (dx, dres_out, dres), flags = grads.kernel_args()
-    launch(
-        layer_norm_bwd, b.programs,
+    (dx, dres_out, dres), (has_dres_out, own_dres) = grads.kernel_args()
+    args = (
         h, h if res is None else res, h if w is None else w, dy, dres_out, mean, rstd, dx, dres,
         dw_part, db_part, n_rows, n_cols,
-        SUM=res is not None, **flags, HAS_W=w is not None, WANT_DW=want_dw, WANT_DB=want_db,
-        ACC=tl_dtype(mean.dtype), **launch_options(b),
     )  # fmt: skip
+    flags = (res is not None, has_dres_out, own_dres, w is not None, want_dw, want_db, tl_dtype(mean.dtype))
+    launch_with(layer_norm_bwd, b.programs, args, chunked(b, _LN_BWD, *flags))
     dw, db = sums(((want_dw, dw_part, w), (want_db, db_part, bias)), pol)
     return dw, db
 
@@ -323,12 +341,10 @@ def rms_forward(
     consts = scalars(eps, offset, acc, x2.device)
     b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
     res, out = (x2, y) if stream is None else (stream.residual, stream.out)
-    launch(
-        rms_norm_fwd, b.programs,
-        x2, res, x2 if w is None else w, consts, y, out, rstd, n_rows, n_cols,
-        HAS_RES=stream is not None, EXACT=stream is not None and stream.exact, HAS_W=w is not None,
-        ACC=tl_dtype(acc), **launch_options(b),
-    )  # fmt: skip
+    args = (x2, res, x2 if w is None else w, consts, y, out, rstd, n_rows, n_cols)
+    has_res, exact = stream is not None, stream is not None and stream.exact
+    flags = (has_res, exact, w is not None, tl_dtype(acc))
+    launch_with(rms_norm_fwd, b.programs, args, chunked(b, _RMS_FWD, *flags))
     return rstd, consts
 
 
@@ -348,13 +364,12 @@ def rms_backward(
     want_dw = want_dw and w is not None
     b = blocks.backward(n_rows, n_cols, pol, wide=rstd.dtype == torch.float64)
     dw_part = partial(want_dw, b, n_cols, rstd.dtype, rstd)
-    (dx, dres_out, dres), flags = grads.kernel_args()
-    launch(
-        rms_norm_bwd, b.programs,
+    (dx, dres_out, dres), (has_dres_out, own_dres) = grads.kernel_args()
+    args = (
         h, h if res is None else res, h if w is None else w, consts, dy, dres_out, rstd, dx, dres,
         dw_part, n_rows, n_cols,
-        SUM=res is not None, **flags, HAS_W=w is not None, WANT_DW=want_dw, ACC=tl_dtype(rstd.dtype),
-        **launch_options(b),
     )  # fmt: skip
+    flags = (res is not None, has_dres_out, own_dres, w is not None, want_dw, tl_dtype(rstd.dtype))
+    launch_with(rms_norm_bwd, b.programs, args, chunked(b, _RMS_BWD, *flags))
     (dw,) = sums(((want_dw, dw_part, w),), pol)
     return dw

@@ -1,5 +1,7 @@
 """Every kernel launch of this package: ``launch(kernel, programs, *args, **options)`` is
-``kernel[(programs,)](*args, **options)`` with two additions.
+``kernel[(programs,)](*args, **options)`` with two additions. The row kernels' launches go through
+``launch_with(kernel, programs, args, options)`` with ``Options`` made once per distinct set of options
+and kept, so that no launch builds its options again or hashes them item by item.
 
 Recording: inside ``recording()`` a launch is appended to a list instead of run. The host-overhead
 benchmark (backends/triton/kernels/host.py) times the autograd wrappers that way on any machine: what a
@@ -56,6 +58,38 @@ class Launch(NamedTuple):
         return tuple(str(a.dtype) if isinstance(a, torch.Tensor) else None for a in self.args)
 
 
+class Options(Mapping[str, Any]):
+    """Launch options (constexprs, num_warps, maxnreg) made once per distinct set and kept read-only by
+    whoever made them (an lru_cache): a launch key holds the object itself, hashed once here. Equal to
+    another ``Options`` with the same items; a kept one is found by identity first."""
+
+    __slots__ = ("_hash", "_items")
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self._items = dict(options)
+        self._hash = hash(tuple(self._items.items()))
+
+    def __getitem__(self, name: str) -> Any:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        return isinstance(other, Options) and self._hash == other._hash and self._items == other._items
+
+    def __repr__(self) -> str:
+        return f"Options({self._items!r})"
+
+
 _recorded: list[Launch] | None = None
 
 
@@ -76,9 +110,19 @@ def key(args: tuple[Any, ...], options: Mapping[str, Any]) -> tuple[Any, ...]:
     these kernels takes one type: an int, or None); then the options by name and value (constexprs,
     num_warps, maxnreg)."""
     tensor = torch.Tensor
-    return tuple([(a.dtype, not a.data_ptr() & 15) if isinstance(a, tensor) else a for a in args]), tuple(
-        options.items()
-    )
+    named = options if isinstance(options, Options) else tuple(options.items())
+    # Each tensor by its dtype while every pointer is aligned (the common case: one pass, no pair per
+    # tensor); otherwise by (dtype, aligned), so that keys differ in which pointers are.
+    values, low = [], 0
+    for a in args:
+        if isinstance(a, tensor):
+            values.append(a.dtype)
+            low |= a.data_ptr()
+        else:
+            values.append(a)
+    if low & 15:
+        return tuple([(a.dtype, not a.data_ptr() & 15) if isinstance(a, tensor) else a for a in args]), named
+    return tuple(values), named
 
 
 class Driver:
@@ -125,7 +169,7 @@ class Bound:
         else:
             self.names = tuple(names)
 
-    def launch(self, programs: int, args: tuple[Any, ...], options: dict[str, Any]) -> None:
+    def launch(self, programs: int, args: tuple[Any, ...], options: Mapping[str, Any]) -> None:
         if self.unbound is not None or self.hooks_installed():
             self.kernel[(programs,)](*args, **options)
             return
@@ -141,7 +185,7 @@ class Bound:
         runner(programs, 1, 1, stream, function, packed, None, None, None, *args, *tail)
 
     def _first(
-        self, k: tuple[Any, ...], programs: int, args: tuple[Any, ...], options: dict[str, Any]
+        self, k: tuple[Any, ...], programs: int, args: tuple[Any, ...], options: Mapping[str, Any]
     ) -> None:
         """Triton's own launch; keeps what a later launch with the same key needs."""
         compiled = self.kernel.run(*args, grid=(programs,), warmup=False, **options)
@@ -193,6 +237,12 @@ def launch(kernel: Any, programs: int, *args: Any, **options: Any) -> None:
     """``kernel[(programs,)](*args, **options)``: recorded inside ``recording()``, a bound launch where
     the module docstring says so. Constexprs and launch options go by name, tensors and runtime scalars
     by position (the bound launch hands them to the compiled kernel in the kernel's parameter order)."""
+    launch_with(kernel, programs, args, options)
+
+
+def launch_with(kernel: Any, programs: int, args: tuple[Any, ...], options: Mapping[str, Any]) -> None:
+    """``launch`` with the arguments as a tuple and the options as a mapping (an ``Options`` kept by the
+    caller, for the launches made on every call)."""
     if _recorded is not None:
         key(args, options)  # what a bound launch spends on its key, so that the host timing includes it
         _recorded.append(Launch(kernel, programs, args, options))

@@ -169,3 +169,34 @@ def test_launches_here_take_tritons_path():
     launcher.launch(kernel, 2, torch.zeros(4), 4, FLAG=True, BLOCK=4)
     assert [grid for grid, _, _ in kernel.slow] == [(2,), (2,)] and kernel.fast == []
     assert launcher.unbound() == {}
+
+
+def _all_or_none_aligned(args, options):
+    # The broken build: one flag for "every pointer aligned", blind to which ones are not.
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    aligned = all(not t.data_ptr() & 15 for t in tensors)
+    return tuple(getattr(a, "dtype", a) for a in args), aligned, tuple(options.items())
+
+
+@pytest.mark.parametrize("build", ["real", "broken"])
+def test_keys_differ_in_which_pointers_are_misaligned(monkeypatch, build):
+    if build == "broken":
+        monkeypatch.setattr(launcher, "key", _all_or_none_aligned)
+    aligned, off = torch.zeros(8), torch.zeros(9)[1:]
+    pairs = ((aligned, aligned), (aligned, off), (off, aligned), (off, off))
+    keys = {launcher.key((p, q, 8), {"FLAG": True}) for p, q in pairs}
+    assert (len(keys) == 4) is (build == "real")
+
+
+def test_kept_options_key_a_launch_like_the_same_options_passed_by_name():
+    kernel, x = FakeKernel(), torch.zeros(8)
+    bound = _bound(kernel)
+    kept = launcher.Options({"FLAG": True, "BLOCK": 16, "num_warps": 4})
+    assert dict(kept) == {"FLAG": True, "BLOCK": 16, "num_warps": 4}
+    assert kept == launcher.Options(dict(kept)) and hash(kept) == hash(launcher.Options(dict(kept)))
+    assert kept != launcher.Options({**kept, "FLAG": False})
+    for _ in range(2):
+        bound.launch(4, (x, x, 8), kept)
+    # One trip through Triton's path with the options by name, then the bound launch with their values.
+    assert [options for _, _, options in kernel.slow] == [dict(kept)]
+    assert kernel.fast == [(4, 1, 1, "stream-0", "fn-handle", "packed", None, None, None, x, x, 8, True, 16)]
