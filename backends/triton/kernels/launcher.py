@@ -61,7 +61,8 @@ class Launch(NamedTuple):
 class Options(Mapping[str, Any]):
     """Launch options (constexprs, num_warps, maxnreg) made once per distinct set and kept read-only by
     whoever made them (an lru_cache): a launch key holds the object itself, hashed once here. Equal to
-    another ``Options`` with the same items; a kept one is found by identity first."""
+    another ``Options`` with the same items in the same order (each launch site names its options in
+    one order), never to a plain dict; a kept one is found by identity first."""
 
     __slots__ = ("_hash", "_items")
 
@@ -106,9 +107,10 @@ def recording() -> Iterator[list[Launch]]:
 
 def key(args: tuple[Any, ...], options: Mapping[str, Any]) -> tuple[Any, ...]:
     """What a bound launch is looked up by: per argument, a tensor's dtype and whether its address is
-    16-byte aligned (what Triton specializes pointers on), anything else by value (each position of
-    these kernels takes one type: an int, or None); then the options by name and value (constexprs,
-    num_warps, maxnreg)."""
+    16-byte aligned (what Triton specializes pointers on: the dtype alone while every pointer is, a
+    (dtype, aligned) pair each when one is not), anything else by value (each position of these
+    kernels takes one type: an int, or None); then the options (constexprs, num_warps, maxnreg): a kept
+    ``Options`` as itself, a plain mapping as its items."""
     tensor = torch.Tensor
     named = options if isinstance(options, Options) else tuple(options.items())
     # Each tensor by its dtype while every pointer is aligned (the common case: one pass, no pair per

@@ -188,7 +188,7 @@ def test_keys_differ_in_which_pointers_are_misaligned(monkeypatch, build):
     assert (len(keys) == 4) is (build == "real")
 
 
-def test_kept_options_key_a_launch_like_the_same_options_passed_by_name():
+def test_kept_options_launch_as_the_same_options_passed_by_name():
     kernel, x = FakeKernel(), torch.zeros(8)
     bound = _bound(kernel)
     kept = launcher.Options({"FLAG": True, "BLOCK": 16, "num_warps": 4})
