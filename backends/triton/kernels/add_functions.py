@@ -53,9 +53,10 @@ class _AddLayerNorm(torch.autograd.Function):
         b_ = None if bias is None else bias.contiguous()
         y, stream = torch.empty_like(x2), launch.Stream(res2, torch.empty_like(res2), exact)
         mean, rstd = launch.layer_norm_forward(x2, w, b_, eps, pol, y, stream)
-        h, res = launch.saved_input(x2, stream, mean.dtype)
-        ctx.save_for_backward(h, res, w, b_, mean, rstd)
-        _remember(ctx, x, residual, pol)
+        if launch.tracked(ctx):
+            h, res = launch.saved_input(x2, stream, mean.dtype)
+            ctx.save_for_backward(h, res, w, b_, mean, rstd)
+            _remember(ctx, x, residual, pol)
         return launch.shaped(y, x.shape), launch.shaped(stream.out, x.shape)
 
     @staticmethod
@@ -87,9 +88,10 @@ class _AddRMSNorm(torch.autograd.Function):
         w = None if weight is None else weight.contiguous()
         y, stream = torch.empty_like(x2), launch.Stream(res2, torch.empty_like(res2), exact)
         rstd, consts = launch.rms_forward(x2, w, eps, offset, pol, y, stream)
-        h, res = launch.saved_input(x2, stream, rstd.dtype)
-        ctx.save_for_backward(h, res, w, consts, rstd)
-        _remember(ctx, x, residual, pol)
+        if launch.tracked(ctx):
+            h, res = launch.saved_input(x2, stream, rstd.dtype)
+            ctx.save_for_backward(h, res, w, consts, rstd)
+            _remember(ctx, x, residual, pol)
         return launch.shaped(y, x.shape), launch.shaped(stream.out, x.shape)
 
     @staticmethod

@@ -68,8 +68,9 @@ class _LayerNorm(torch.autograd.Function):
         b_ = None if bias is None else bias.contiguous()
         y = torch.empty_like(x2)
         mean, rstd = launch.layer_norm_forward(x2, w, b_, eps, pol, y)
-        ctx.save_for_backward(x2, w, b_, mean, rstd)
-        ctx.pol, ctx.shape = pol, x.shape
+        if launch.tracked(ctx):
+            ctx.save_for_backward(x2, w, b_, mean, rstd)
+            ctx.pol, ctx.shape = pol, x.shape
         return launch.shaped(y, x.shape)
 
     @staticmethod
@@ -99,8 +100,9 @@ class _RMSNorm(torch.autograd.Function):
         w = None if weight is None else weight.contiguous()
         y = torch.empty_like(x2)
         rstd, consts = launch.rms_forward(x2, w, eps, offset, pol, y)
-        ctx.save_for_backward(x2, w, consts, rstd)
-        ctx.pol, ctx.shape = pol, x.shape
+        if launch.tracked(ctx):
+            ctx.save_for_backward(x2, w, consts, rstd)
+            ctx.pol, ctx.shape = pol, x.shape
         return launch.shaped(y, x.shape)
 
     @staticmethod

@@ -53,6 +53,12 @@ class _Untracked:
         pass
 
 
+def tracked(ctx: Any) -> bool:
+    """Whether ``ctx`` is autograd's: an untracked forward skips what only a backward would read (the
+    saved tensors, the shapes and dtypes kept on ctx)."""
+    return type(ctx) is not _Untracked
+
+
 def apply(function: type[torch.autograd.Function], *args: Any) -> Any:
     """``function.apply(*args)``, or its forward alone where nothing will need a gradient (grad mode off,
     or no tensor argument requires one): autograd's bookkeeping costs ~10 µs of host time a call, more

@@ -212,3 +212,23 @@ def test_a_steady_call_launches_with_options_made_once(monkeypatch, op, grad, bu
     kept = [a.options is b.options for a, b in zip(first, second, strict=True)]
     # The broken build rebuilds the row kernels' options; the reduction's (launch.tiled) stay kept.
     assert all(kept) is (build == "real")
+
+
+@pytest.mark.parametrize("op", host.OPS)
+def test_a_forward_without_autograd_keeps_nothing_for_a_backward(monkeypatch, op):
+    # Nothing needs a gradient: the forward runs without autograd (launch.apply) and skips what only a
+    # backward reads (saved tensors, shapes and dtypes kept on ctx), host time on every call.
+    def kept(self, *args):
+        raise AssertionError(f"an untracked forward of {op} kept {len(args)} values for a backward")
+
+    monkeypatch.setattr(launch._Untracked, "save_for_backward", kept)
+    monkeypatch.setattr(launch._Untracked, "__setattr__", kept)
+    call = host.prepared(host.case(op, "32x4096"), grad=False)
+    with launcher.recording() as launches:
+        call()
+    assert len(launches) == 1
+    # With a gradient wanted, autograd's ctx keeps them and the backward runs.
+    call = host.prepared(host.case(op, "32x4096"), grad=True)
+    with launcher.recording() as launches:
+        call()
+    assert len(launches) == 3
