@@ -6,13 +6,13 @@ catch, each as the function it replaces in backends/triton/kernels/launch.py:
 - ``zeroed_partial`` (for ``launch.partial``): the dweight/dbias partial buffers zero-filled, one torch
   fill kernel per buffer before the backward.
 - ``reduction_per_buffer`` (for ``launch.reduce``): dweight and dbias reduced in a launch each.
-- ``rebuilt_options`` (for ``launch.chunked``): a row kernel's launch options built again on every
-  launch (the same values, a new object to hash item by item).
+- ``rebuilt_options`` (for ``launch.kept``): every launch's options built again on every launch (the
+  same values, a new object to hash item by item).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -39,5 +39,10 @@ def reduction_per_buffer(
     return tuple(out for part in parts for out in REAL_REDUCE([part], pol))
 
 
-def rebuilt_options(b: blocks.Blocks, names: tuple[str, ...], *values: Any) -> launcher.Options:
-    return launcher.Options({**dict(zip(names, values, strict=True)), **launch.launch_options(b)})
+def rebuilt_options(
+    shape: Callable[[blocks.Blocks], Mapping[str, Any]],
+    b: blocks.Blocks,
+    names: tuple[str, ...],
+    *values: Any,
+) -> launcher.Options:
+    return launcher.Options({**dict(zip(names, values, strict=True)), **shape(b)})

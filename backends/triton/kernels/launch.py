@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -142,7 +142,7 @@ def reduce(
         raise ValueError(f"one reduction takes one or two partial buffers of one shape: got {len(parts)}")
     b = blocks.column_sum(first.shape[0], first.shape[1], pol)
     args = (first, outs[0], second, out2, first.shape[0], first.shape[1])
-    launch_with(column_sum, b.programs, args, tiled(b, _SUM, len(parts) == 2))
+    launch_with(column_sum, b.programs, args, kept(tile_options, b, _SUM, len(parts) == 2))
     return outs
 
 
@@ -161,17 +161,17 @@ _SUM = ("TWO",)
 
 
 @functools.lru_cache(maxsize=4096)
-def chunked(b: blocks.Blocks, names: tuple[str, ...], *values: Any) -> Options:
-    """A row kernel's options: its constexprs ``names`` = ``values`` and the launch shape's
-    (``launch_options``), made once per distinct set and kept: a launch neither builds them again nor
+def kept(
+    shape: Callable[[blocks.Blocks], Mapping[str, Any]],
+    b: blocks.Blocks,
+    names: tuple[str, ...],
+    *values: Any,
+) -> Options:
+    """A launch's options: the kernel's constexprs ``names`` = ``values`` and the launch shape's
+    (``shape(b)``: ``launch_options`` for the row kernels, ``tile_options`` for the kernels that loop
+    over every chunk), made once per distinct set and kept: a launch neither builds them again nor
     hashes them item by item (launcher.Options)."""
-    return Options({**dict(zip(names, values, strict=True)), **launch_options(b)})
-
-
-@functools.lru_cache(maxsize=4096)
-def tiled(b: blocks.Blocks, names: tuple[str, ...], *values: Any) -> Options:
-    """``chunked`` for the kernels that loop over every chunk (``tile_options``: no ONE_CHUNK)."""
-    return Options({**dict(zip(names, values, strict=True)), **tile_options(b)})
+    return Options({**dict(zip(names, values, strict=True)), **shape(b)})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -299,7 +299,7 @@ def layer_norm_forward(
     )  # fmt: skip
     has_res, exact = stream is not None, stream is not None and stream.exact
     flags = (has_res, exact, w is not None, b_ is not None, tl_dtype(acc))
-    launch_with(layer_norm_fwd, b.programs, args, chunked(b, _LN_FWD, *flags))
+    launch_with(layer_norm_fwd, b.programs, args, kept(launch_options, b, _LN_FWD, *flags))
     return mean, rstd
 
 
@@ -326,7 +326,7 @@ def layer_norm_backward(
         dw_part, db_part, n_rows, n_cols,
     )  # fmt: skip
     flags = (res is not None, has_dres_out, own_dres, w is not None, want_dw, want_db, tl_dtype(mean.dtype))
-    launch_with(layer_norm_bwd, b.programs, args, chunked(b, _LN_BWD, *flags))
+    launch_with(layer_norm_bwd, b.programs, args, kept(launch_options, b, _LN_BWD, *flags))
     dw, db = sums(((want_dw, dw_part, w), (want_db, db_part, bias)), pol)
     return dw, db
 
@@ -350,7 +350,7 @@ def rms_forward(
     args = (x2, res, x2 if w is None else w, consts, y, out, rstd, n_rows, n_cols)
     has_res, exact = stream is not None, stream is not None and stream.exact
     flags = (has_res, exact, w is not None, tl_dtype(acc))
-    launch_with(rms_norm_fwd, b.programs, args, chunked(b, _RMS_FWD, *flags))
+    launch_with(rms_norm_fwd, b.programs, args, kept(launch_options, b, _RMS_FWD, *flags))
     return rstd, consts
 
 
@@ -376,6 +376,6 @@ def rms_backward(
         dw_part, n_rows, n_cols,
     )  # fmt: skip
     flags = (res is not None, has_dres_out, own_dres, w is not None, want_dw, tl_dtype(rstd.dtype))
-    launch_with(rms_norm_bwd, b.programs, args, chunked(b, _RMS_BWD, *flags))
+    launch_with(rms_norm_bwd, b.programs, args, kept(launch_options, b, _RMS_BWD, *flags))
     (dw,) = sums(((want_dw, dw_part, w),), pol)
     return dw

@@ -198,10 +198,10 @@ def test_host_times_are_the_fastest_of_interleaved_rounds():
 @pytest.mark.parametrize("grad", [False, True], ids=["fwd", "fwd+bwd"])
 @pytest.mark.parametrize("op", host.OPS)
 def test_a_steady_call_launches_with_options_made_once(monkeypatch, op, grad, build):
-    # The launch options are kept per launch shape and flags (launch.chunked, launch.tiled): a second
-    # call passes the very objects of the first, so no launch builds or hashes them again.
+    # The launch options are kept per launch shape and flags (launch.kept): a second call passes the
+    # very objects of the first, so no launch builds or hashes them again.
     if build != "real":
-        monkeypatch.setattr(launch, "chunked", getattr(triton_host, build))
+        monkeypatch.setattr(launch, "kept", getattr(triton_host, build))
     call = host.prepared(host.case(op, "32x4096"), grad=grad)
     with launcher.recording() as first:
         call()
@@ -210,7 +210,7 @@ def test_a_steady_call_launches_with_options_made_once(monkeypatch, op, grad, bu
     assert [r.kernel for r in first] == [r.kernel for r in second]
     assert all(isinstance(r.options, launcher.Options) for r in first)
     kept = [a.options is b.options for a, b in zip(first, second, strict=True)]
-    # The broken build rebuilds the row kernels' options; the reduction's (launch.tiled) stay kept.
+    # The broken build rebuilds every launch's options.
     assert all(kept) is (build == "real")
 
 
