@@ -22,6 +22,9 @@ from conformance.running import plugin
 STATE = pytest.StashKey[BenchState]()
 # Read by OpenMP and MKL when torch (or another library) starts; torch adapters also apply it later.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# The ORT adapters' sessions wait blocked between runs unless this is 1 (backends/common/ort_support.py:
+# a conformance run calls them seldom); the benchmarks time ORT as configured by default: spinning.
+ORT_SPINNING = "NORMCONF_ORT_SPINNING"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -91,6 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Before any backend loads, so libraries that read the variables at start-up see them.
     for name in THREAD_VARIABLES:
         os.environ[name] = str(threads)
+    os.environ.setdefault(ORT_SPINNING, "1")
     config.stash[STATE] = BenchState(bench, config)
 
 

@@ -47,6 +47,7 @@ def bench(
     # An xdist worker's variables would make pytest-benchmark in the child believe it runs under xdist.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), str(TESTS), os.environ.get("PYTHONPATH", "")])
+    env.pop("NORMCONF_ORT_SPINNING", None)  # the benchmarks' own default, whatever the caller has set
     plugins = ["-p", "fakes.bench"] if fakes else []
     command = [sys.executable, "-m", "pytest", "conformance/bench", "-p", "no:cacheprovider", *plugins]
     return subprocess.run(
@@ -95,7 +96,7 @@ def timed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     done = bench(
         "--benchmark-only",
         "--bench-profile", "tiny",
-        "--backend", "fake-numpy,torch-nn",
+        "--backend", "fake-numpy,torch-nn,onnxruntime",
         "--op", "layer_norm,add_rms_norm",
         "--dtype", "float32",
         "--bench-time", "0.003",
@@ -120,6 +121,19 @@ def test_every_record_carries_bytes_gbps_and_roofline_fraction(timed: dict[str, 
         assert record["threads"] == 1 and record["device"] == "cpu"
     torch_nn = [r for r in records if r["backend"] == "torch-nn"]
     assert all(r["info"]["threads"] == 1 for r in torch_nn)  # the fixed count reached torch
+
+
+def test_ort_sessions_are_timed_spinning_as_ort_configures_them(timed: dict[str, Any]) -> None:
+    """A conformance run's ORT sessions wait blocked between runs (backends/common/ort_support.py); the
+    benchmarks time them with ORT's own default, spinning, unless NORMCONF_ORT_SPINNING says otherwise."""
+    from conformance.bench import conftest
+
+    ort_support = pytest.importorskip("backends.common.ort_support")
+    assert conftest.ORT_SPINNING == ort_support.SPINNING_VARIABLE
+    records = [b["extra_info"] for b in timed["json"]["benchmarks"] if "case_id" in b["extra_info"]]
+    ort = [r for r in records if r["backend"] == "onnxruntime"]
+    assert {r["case_id"].split("-")[0] for r in ort} == {"layer_norm", "add_rms_norm"}
+    assert all(r["info"]["intra_op_spinning"] is True for r in ort), [r["info"] for r in ort]
 
 
 def test_copy_benchmark_and_machine_info_record_the_roofline(timed: dict[str, Any]) -> None:
