@@ -5,8 +5,8 @@ a bad value named as a usage error."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-import numpy as np
 import pytest
 
 from conformance.adapter.backend import BackendUnavailable
@@ -38,24 +38,25 @@ CASES = [
 ]
 
 
-def _outputs(backend: object, case: Case) -> dict[str, np.ndarray]:
+def _prepare(backend: object, case: Case) -> Any:
+    """``case`` prepared on ``backend`` and called once."""
     prepared = backend.prepare(case, make_inputs(case, grad=False), grad=False)  # type: ignore[attr-defined]
     prepared()
-    return {**prepared.outputs(), "__info__": prepared.info()}
+    return prepared
 
 
 def test_sessions_wait_blocked_unless_spinning_is_asked_for(monkeypatch):
     case = Case("layer_norm", (4, 32), "float32", 1e-5)
     monkeypatch.delenv(VARIABLE, raising=False)
     assert _ort.spinning() is False
-    assert _outputs(graphs.OnnxRuntime(), case)["__info__"]["intra_op_spinning"] is False
+    assert _prepare(graphs.OnnxRuntime(), case).info()["intra_op_spinning"] is False
     assert graphs.OnnxRuntime().capabilities().notes["intra_op_spinning"].startswith("0 ")
     monkeypatch.setenv(VARIABLE, " 1 ")
     assert _ort.spinning() is True
-    assert _outputs(graphs.OnnxRuntime(), case)["__info__"]["intra_op_spinning"] is True
+    assert _prepare(graphs.OnnxRuntime(), case).info()["intra_op_spinning"] is True
     assert graphs.OnnxRuntime().capabilities().notes["intra_op_spinning"].startswith("1 ")
     monkeypatch.setenv(VARIABLE, "0")
-    assert _outputs(graphs.OnnxRuntime(), case)["__info__"]["intra_op_spinning"] is False
+    assert _prepare(graphs.OnnxRuntime(), case).info()["intra_op_spinning"] is False
 
 
 @pytest.mark.parametrize("value", ["yes", "2", "true", "-1", "0.5"])
@@ -79,9 +80,10 @@ def test_spinning_or_blocked_the_outputs_are_the_same_bits(monkeypatch, case):
     ran = {}
     for value in ("0", "1"):
         monkeypatch.setenv(VARIABLE, value)
-        backend = graphs.OnnxRuntime()  # a fresh session cache: each setting builds its own session
-        ran[value] = _outputs(backend, case)
-        assert ran[value].pop("__info__")["intra_op_spinning"] is (value == "1")
+        # A fresh backend, so a fresh session cache: each setting builds its own session.
+        prepared = _prepare(graphs.OnnxRuntime(), case)
+        assert prepared.info()["intra_op_spinning"] is (value == "1")
+        ran[value] = prepared.outputs()
     assert ran["0"].keys() == ran["1"].keys() and ran["0"]
     for name, blocked in ran["0"].items():
         spun = ran["1"][name]
