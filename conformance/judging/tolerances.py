@@ -93,10 +93,22 @@ class ToleranceTable:
     path: str
     sha256: str
     rules: tuple[Rule, ...]
+    # Built from ``rules``: which rules match each key value, and each query's answer once looked up.
+    # Every check looks up its outputs' tolerances; a run asks the same few queries thousands of times.
+    _index: _Index = field(init=False, repr=False, compare=False)
+    _answers: dict[tuple[str, ...], Tolerance] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", _Index.of(self.rules))
 
     def lookup(self, op: str, output: str, dtype: str, dist: str) -> Tolerance:
         query = (op, output, dtype, dist)
-        candidates = [r for r in self.rules if r.matches(query)]
+        known = self._answers.get(query)
+        if known is not None:
+            return known
+        candidates = self._index.candidates(self.rules, query)
         if not candidates:
             raise ToleranceError(
                 f"{self.path}: no rule matches op={op} output={output} dtype={dtype} dist={dist}"
@@ -104,9 +116,50 @@ class ToleranceTable:
         best = max(candidates, key=lambda r: r.specificity)
         name = Path(self.path).name
         keys = {n: k for n, k in zip(KEYS, best.keys, strict=True) if k is not None}
-        return Tolerance(
+        answer = Tolerance(
             best.rtol, best.atol, best.cond, f"{name} {best.source}", best.why, best.index, keys, name
         )
+        self._answers[query] = answer
+        return answer
+
+
+@dataclass(frozen=True)
+class _Index:
+    """For each key, each named value's bitmask of the rules that match it (bit i: rule i), and the
+    mask of the rules that leave the key open; a query's candidates are the AND of its four masks.
+
+    Equivalent to testing every rule's ``matches``, at four dict lookups a query: the exhaustive tie
+    check below asks every query of the key space once in each process that reads the file.
+    """
+
+    named: tuple[Mapping[str, int], ...]
+    open: tuple[int, ...]
+
+    @classmethod
+    def of(cls, rules: tuple[Rule, ...]) -> _Index:
+        named: list[dict[str, int]] = []
+        open_: list[int] = []
+        for position in range(len(KEYS)):
+            wild = sum(1 << bit for bit, rule in enumerate(rules) if rule.keys[position] is None)
+            masks: dict[str, int] = {}
+            for bit, rule in enumerate(rules):
+                key = rule.keys[position]
+                if key is not None:
+                    masks[key] = masks.get(key, wild) | 1 << bit
+            named.append(masks)
+            open_.append(wild)
+        return cls(tuple(named), tuple(open_))
+
+    def mask(self, query: tuple[str, ...]) -> int:
+        mask = -1
+        for masks, wild, value in zip(self.named, self.open, query, strict=True):
+            mask &= masks.get(value, wild)
+        return mask
+
+    def candidates(self, rules: tuple[Rule, ...], query: tuple[str, ...]) -> list[Rule]:
+        """The rules matching ``query``, in file order."""
+        mask = self.mask(query)
+        return [rule for bit, rule in enumerate(rules) if mask >> bit & 1]
 
 
 def default_path() -> Path:
@@ -121,8 +174,9 @@ def read_tolerances(path: str | Path | None = None) -> ToleranceTable:
     if not isinstance(entries, list) or not entries:
         raise ToleranceError(f"{file}: expected one or more [[rule]] tables")
     rules = tuple(_rule(file, i, entry) for i, entry in enumerate(entries))
-    _check_ties(file, rules)
-    return ToleranceTable(str(file), sha256, rules)
+    table = ToleranceTable(str(file), sha256, rules)
+    _check_ties(file, table)
+    return table
 
 
 def _rule(file: Path, index: int, entry: Any) -> Rule:
@@ -167,17 +221,21 @@ def _number(where: str, name: str, value: Any) -> float:
     return float(value)
 
 
-def _check_ties(file: Path, rules: tuple[Rule, ...]) -> None:
+def _check_ties(file: Path, table: ToleranceTable) -> None:
     """Every concrete query must have one most specific rule; two equally specific winners are ambiguous.
 
     The key space is small (ops x outputs x dtypes x dists), so it is checked exhaustively at load.
     """
+    index, rules = table._index, table.rules
+    # Queries matched by the same set of rules have the same winners: decide each set once.
+    tied: dict[int, list[Rule]] = {}
     for query in itertools.product(OPS, OUTPUTS, DTYPES, DISTS):
-        candidates = [r for r in rules if r.matches(query)]
-        if not candidates:
-            continue
-        top = max(r.specificity for r in candidates)
-        winners = [r for r in candidates if r.specificity == top]
+        mask = index.mask(query)
+        if mask not in tied:
+            candidates = index.candidates(rules, query)
+            top = max((r.specificity for r in candidates), default=0)
+            tied[mask] = [r for r in candidates if r.specificity == top]
+        winners = tied[mask]
         if len(winners) > 1:
             named = " ".join(f"{n}={q}" for n, q in zip(KEYS, query, strict=True))
             raise ToleranceError(

@@ -94,6 +94,49 @@ def test_most_specific_rule_wins(tmp_path):
     assert table.lookup("batch_norm", "dbias", "bfloat16", "zeros").source == "tol.toml rule[0] (catch-all)"
 
 
+def _mixed_file(tmp_path):
+    """Rules open in every combination of keys, two rules naming the same value of one key."""
+    return read_tolerances(
+        write(
+            tmp_path,
+            rule("catch-all", rtol=1)
+            + rule("every y", rtol=2, output="y")
+            + rule("every dx", rtol=3, output="dx")
+            + rule("float32", rtol=4, dtype="float32")
+            + rule("float32 y", rtol=5, output="y", dtype="float32")
+            + rule("float32 dx", rtol=8, output="dx", dtype="float32")
+            + rule("offset rms dx", rtol=6, op="rms_norm", output="dx", dist="offset")
+            + rule("bf16 large ln", rtol=7, op="layer_norm", dtype="bfloat16", dist="large"),
+        )
+    )
+
+
+@pytest.mark.parametrize("which", ["builtin", "mixed"])
+def test_the_rule_index_finds_the_rules_a_scan_finds(builtin, tmp_path, which):
+    # The index (a bitmask per key value) stands in for testing each rule's `matches`: over the whole
+    # key space, and for values outside it (only the rules that leave that key open match them).
+    table = builtin if which == "builtin" else _mixed_file(tmp_path)
+    space = [(*tolerances._ALLOWED[key], "not-a-value") for key in KEYS]
+    for query in itertools.product(*space):
+        scanned = [r for r in table.rules if r.matches(query)]
+        assert table._index.candidates(table.rules, query) == scanned, query
+
+
+def test_a_repeated_lookup_answers_as_the_first(tmp_path):
+    table = _mixed_file(tmp_path)
+    fresh = _mixed_file(tmp_path)
+    queries = list(itertools.product(("layer_norm", "rms_norm"), ("y", "dx", "dbias"), DTYPES, DISTS))
+    first = [table.lookup(*q) for q in queries]
+    # Asked again, in another order, and against a table that never answered them.
+    assert [table.lookup(*q) for q in reversed(queries)] == first[::-1]
+    assert [fresh.lookup(*q) for q in queries] == first
+    assert table.lookup("rms_norm", "dx", "float32", "offset").rtol == 6
+    assert table.lookup("rms_norm", "dx", "float32", "normal").rtol == 8
+    assert table.lookup("rms_norm", "dbias", "float32", "normal").rtol == 4
+    # The answers are remembered by the table only: equal tables compare equal whatever they answered.
+    assert table == fresh == read_tolerances(table.path)
+
+
 def test_star_means_any(tmp_path):
     table = read_tolerances(write(tmp_path, rule(op="*", output="y")))
     assert table.rules[0].op is None
