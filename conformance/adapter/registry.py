@@ -89,27 +89,37 @@ def register(name: str) -> Callable[[T], T]:
     return decorate
 
 
-def _entry_point(ep: metadata.EntryPoint, group: str = "") -> Entry:
-    dist = getattr(ep, "dist", None)
-    where = f" from {dist.name} {dist.version}" if dist is not None else ""
-
+def _entry_point(ep: metadata.EntryPoint, group: str = "", where: str = "") -> Entry:
     def factory() -> Any:
         return ep.load()()
 
     return Entry(ep.name, f"entry point {ep.value}{where}", factory, ep.module, group)
 
 
+def _distribution(ep: metadata.EntryPoint, known: dict[int, str]) -> str:
+    """`` from <name> <version>`` of the distribution declaring ``ep``: each ``.name`` and
+    ``.version`` of a distribution parses its METADATA file again, so once per distribution."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return ""
+    if id(dist) not in known:
+        meta = dist.metadata
+        known[id(dist)] = f" from {meta['Name']} {meta['Version']}"
+    return known[id(dist)]
+
+
 def entries() -> dict[str, Entry]:
     """Every known backend by name; a name claimed twice is an error naming both origins."""
     table: dict[str, Entry] = {}
     seen_values: dict[str, str] = {}
+    where: dict[int, str] = {}
     groups = [(GROUP, ""), *((group, word) for word, group in OPT_IN_GROUPS.items())]
     for group, word in groups:
         for ep in metadata.entry_points(group=group):
             # One distribution can be visible twice on sys.path (editable + build dir); same target is fine.
             if seen_values.get(ep.name) == ep.value:
                 continue
-            _add(table, _entry_point(ep, word))
+            _add(table, _entry_point(ep, word, _distribution(ep, where)))
             seen_values[ep.name] = ep.value
     for entry in _registered.values():
         _add(table, entry)
