@@ -70,9 +70,10 @@ def bias(
         nearest = round_to(e[within], dtype).astype(np.float64)
     # Exact values that round to one representable value sit at nearly one place between its
     # neighbours (GN/IN outlier groups: 6400 values, 16 roundings), so they are one term, not many.
-    raw = _cluster_means(errors[within], nearest)
+    clusters = _clusters(nearest)
+    raw = _cluster_means(errors[within], clusters)
     n = int(raw.size)
-    toward_zero = _cluster_means(errors[within] * np.sign(e[within]), nearest)
+    toward_zero = _cluster_means(errors[within] * np.sign(e[within]), clusters)
     return RoundingRecord(
         bias=_mean(toward_zero),
         bias_se=_se(toward_zero),
@@ -83,9 +84,16 @@ def bias(
     )
 
 
-def _cluster_means(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """The mean of ``values`` over each distinct key."""
+def _clusters(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each element's distinct key (its index among the sorted distinct keys) and each key's count:
+    one sort of the keys for both means."""
     _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    return inverse, counts
+
+
+def _cluster_means(values: np.ndarray, clusters: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The mean of ``values`` over each cluster of ``_clusters``."""
+    inverse, counts = clusters
     means: np.ndarray = np.bincount(inverse, weights=values) / counts
     return means
 
