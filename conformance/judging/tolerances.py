@@ -133,12 +133,12 @@ class _Index:
     """
 
     named: tuple[Mapping[str, int], ...]
-    open: tuple[int, ...]
+    wild: tuple[int, ...]
 
     @classmethod
     def of(cls, rules: tuple[Rule, ...]) -> _Index:
         named: list[dict[str, int]] = []
-        open_: list[int] = []
+        wilds: list[int] = []
         for position in range(len(KEYS)):
             wild = sum(1 << bit for bit, rule in enumerate(rules) if rule.keys[position] is None)
             masks: dict[str, int] = {}
@@ -147,12 +147,12 @@ class _Index:
                 if key is not None:
                     masks[key] = masks.get(key, wild) | 1 << bit
             named.append(masks)
-            open_.append(wild)
-        return cls(tuple(named), tuple(open_))
+            wilds.append(wild)
+        return cls(tuple(named), tuple(wilds))
 
     def mask(self, query: tuple[str, ...]) -> int:
         mask = -1
-        for masks, wild, value in zip(self.named, self.open, query, strict=True):
+        for masks, wild, value in zip(self.named, self.wild, query, strict=True):
             mask &= masks.get(value, wild)
         return mask
 
