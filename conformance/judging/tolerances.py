@@ -108,7 +108,7 @@ class ToleranceTable:
         known = self._answers.get(query)
         if known is not None:
             return known
-        candidates = self._index.candidates(self.rules, query)
+        candidates = self._index.candidates(query)
         if not candidates:
             raise ToleranceError(
                 f"{self.path}: no rule matches op={op} output={output} dtype={dtype} dist={dist}"
@@ -132,6 +132,7 @@ class _Index:
     check below asks every query of the key space once in each process that reads the file.
     """
 
+    rules: tuple[Rule, ...]
     named: tuple[Mapping[str, int], ...]
     wild: tuple[int, ...]
 
@@ -148,7 +149,7 @@ class _Index:
                     masks[key] = masks.get(key, wild) | 1 << bit
             named.append(masks)
             wilds.append(wild)
-        return cls(tuple(named), tuple(wilds))
+        return cls(rules, tuple(named), tuple(wilds))
 
     def mask(self, query: tuple[str, ...]) -> int:
         mask = -1
@@ -156,10 +157,13 @@ class _Index:
             mask &= masks.get(value, wild)
         return mask
 
-    def candidates(self, rules: tuple[Rule, ...], query: tuple[str, ...]) -> list[Rule]:
+    def matching(self, mask: int) -> list[Rule]:
+        """The rules of ``mask``'s bits, in file order."""
+        return [rule for bit, rule in enumerate(self.rules) if mask >> bit & 1]
+
+    def candidates(self, query: tuple[str, ...]) -> list[Rule]:
         """The rules matching ``query``, in file order."""
-        mask = self.mask(query)
-        return [rule for bit, rule in enumerate(rules) if mask >> bit & 1]
+        return self.matching(self.mask(query))
 
 
 def default_path() -> Path:
@@ -226,13 +230,13 @@ def _check_ties(file: Path, table: ToleranceTable) -> None:
 
     The key space is small (ops x outputs x dtypes x dists), so it is checked exhaustively at load.
     """
-    index, rules = table._index, table.rules
+    index = table._index
     # Queries matched by the same set of rules have the same winners: decide each set once.
     tied: dict[int, list[Rule]] = {}
     for query in itertools.product(OPS, OUTPUTS, DTYPES, DISTS):
         mask = index.mask(query)
         if mask not in tied:
-            candidates = index.candidates(rules, query)
+            candidates = index.matching(mask)
             top = max((r.specificity for r in candidates), default=0)
             tied[mask] = [r for r in candidates if r.specificity == top]
         winners = tied[mask]
