@@ -8,16 +8,26 @@ catch, each as the function it replaces in backends/triton/kernels/launch.py:
 - ``reduction_per_buffer`` (for ``launch.reduce``): dweight and dbias reduced in a launch each.
 - ``rebuilt_options`` (for ``launch.kept``): every launch's options built again on every launch (the
   same values, a new object to hash item by item).
+
+And a broken timer for ``host.seconds_per_call``:
+
+- ``nested_seconds_per_call``: every call's recording entered at once, so a call records into the
+  last call's list, which only that call clears: the first call's launches, and the tensors they
+  hold, outlive it through its rounds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from backends.triton.kernels import blocks, launch, launcher
+from backends.triton.kernels import blocks, host, launch, launcher
 
 
 def uncached_scalars(eps: float, second: float, acc: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -46,3 +56,19 @@ def rebuilt_options(
     *values: Any,
 ) -> launcher.Options:
     return launcher.Options({**dict(zip(names, values, strict=True)), **shape(b)})
+
+
+def nested_seconds_per_call(
+    *calls: Callable[[], None], budget_s: float = 0.5, rounds: int = 7
+) -> tuple[float, ...]:
+    """Interleaved rounds with every call's recording entered at once, around all of them."""
+    best = [math.inf] * len(calls)
+    with contextlib.ExitStack() as stack:
+        onces = [stack.enter_context(host.recorded(call)) for call in calls]
+        for _, (i, once) in itertools.product(range(rounds), enumerate(onces)):
+            done, start = 0, time.perf_counter()
+            while time.perf_counter() - start < budget_s / rounds:
+                once()
+                done += 1
+            best[i] = min(best[i], (time.perf_counter() - start) / done)
+    return tuple(best)

@@ -6,6 +6,8 @@ partial buffers left uninitialized, the scalars kept, autograd skipped where not
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Callable
 
 import pytest
 
@@ -192,6 +194,33 @@ def test_host_times_are_the_fastest_of_interleaved_rounds():
     # Round by round: each call's rounds alternate with the other's, not one call's rounds first.
     runs = [name for i, name in enumerate(calls) if i == 0 or calls[i - 1] != name]
     assert runs[:6] == ["slow", "fast"] * 3
+
+
+def _kernel() -> None:
+    """Stands for a Triton kernel in a recorded launch (never run)."""
+
+
+@pytest.mark.parametrize("timer", ["real", "nested_seconds_per_call"])
+def test_a_timed_calls_launches_do_not_outlive_it(timer):
+    """Interleaved rounds must not time one call with another's launches piling up: a recorded launch
+    holds its tensors, and a call whose outputs stay alive allocates fresh memory on every call."""
+    seconds_per_call = host.seconds_per_call if timer == "real" else triton_host.nested_seconds_per_call
+    outlived: list[bool] = []
+    last: dict[str, weakref.ref[torch.Tensor]] = {}
+
+    def timed(name: str) -> Callable[[], None]:
+        def call() -> None:
+            previous = last.get(name)
+            outlived.append(previous is not None and previous() is not None)
+            out = torch.empty(4)
+            launcher.launch_with(_kernel, 1, (out,), {})
+            last[name] = weakref.ref(out)
+
+        return call
+
+    seconds_per_call(timed("a"), timed("b"), budget_s=0.02, rounds=2)
+    assert len(outlived) > 40
+    assert any(outlived) == (timer != "real")
 
 
 @pytest.mark.parametrize("build", ["real", "rebuilt_options"])
