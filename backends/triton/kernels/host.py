@@ -210,7 +210,7 @@ def seconds_per_call(*calls: Callable[[], None], budget_s: float = 0.5, rounds: 
     nest, and a call records into the innermost one: with every call's recording entered at once, the
     first call's launches went into the last call's list, which only that call cleared, so they and
     the tensors they hold piled up through the first call's round, whose every allocation then took
-    fresh memory: 20-40 µs more per forward and backward on a 2-core VM, charged to whichever call
+    fresh memory: 16-38 µs more per forward and backward on a 2-core VM, charged to whichever call
     came first, the backend's own beside its floor.)"""
     for call in calls:
         with recorded(call) as once:
