@@ -52,8 +52,9 @@ class _AddLayerNorm(torch.autograd.Function):
         w = None if weight is None else weight.contiguous()
         b_ = None if bias is None else bias.contiguous()
         y, stream = torch.empty_like(x2), launch.Stream(res2, torch.empty_like(res2), exact)
-        mean, rstd = launch.layer_norm_forward(x2, w, b_, eps, pol, y, stream)
-        if launch.tracked(ctx):
+        stats = launch.layer_norm_forward(x2, w, b_, eps, pol, y, stream, save=launch.tracked(ctx))
+        if stats is not None:
+            mean, rstd = stats
             h, res = launch.saved_input(x2, stream, mean.dtype)
             ctx.save_for_backward(h, res, w, b_, mean, rstd)
             _remember(ctx, x, residual, pol)
@@ -87,8 +88,9 @@ class _AddRMSNorm(torch.autograd.Function):
         x2, res2 = launch.stream_rows(x, residual, normalized_shape)
         w = None if weight is None else weight.contiguous()
         y, stream = torch.empty_like(x2), launch.Stream(res2, torch.empty_like(res2), exact)
-        rstd, consts = launch.rms_forward(x2, w, eps, offset, pol, y, stream)
-        if launch.tracked(ctx):
+        stats = launch.rms_forward(x2, w, eps, offset, pol, y, stream, save=launch.tracked(ctx))
+        if stats is not None:
+            rstd, consts = stats
             h, res = launch.saved_input(x2, stream, rstd.dtype)
             ctx.save_for_backward(h, res, w, consts, rstd)
             _remember(ctx, x, residual, pol)
@@ -174,7 +176,8 @@ def add_layer_norm_(
     x2, res2 = _in_place_rows(x, residual, normalized_shape)
     w = None if weight is None else weight.contiguous()
     b_ = None if bias is None else bias.contiguous()
-    launch.layer_norm_forward(x2, w, b_, eps, pol or launch.policy(), x2, launch.Stream(res2, res2, exact))
+    stream = launch.Stream(res2, res2, exact)
+    launch.layer_norm_forward(x2, w, b_, eps, pol or launch.policy(), x2, stream, save=False)
     return x, residual
 
 
@@ -195,5 +198,5 @@ def add_rms_norm_(
     x2, res2 = _in_place_rows(x, residual, normalized_shape)
     w = None if weight is None else weight.contiguous()
     stream = launch.Stream(res2, res2, exact)
-    launch.rms_forward(x2, w, eps, weight_offset, pol or launch.policy(), x2, stream)
+    launch.rms_forward(x2, w, eps, weight_offset, pol or launch.policy(), x2, stream, save=False)
     return x, residual

@@ -67,9 +67,9 @@ class _LayerNorm(torch.autograd.Function):
         w = None if weight is None else weight.contiguous()
         b_ = None if bias is None else bias.contiguous()
         y = torch.empty_like(x2)
-        mean, rstd = launch.layer_norm_forward(x2, w, b_, eps, pol, y)
-        if launch.tracked(ctx):
-            ctx.save_for_backward(x2, w, b_, mean, rstd)
+        stats = launch.layer_norm_forward(x2, w, b_, eps, pol, y, save=launch.tracked(ctx))
+        if stats is not None:
+            ctx.save_for_backward(x2, w, b_, *stats)
             ctx.pol, ctx.shape = pol, x.shape
         return launch.shaped(y, x.shape)
 
@@ -99,8 +99,9 @@ class _RMSNorm(torch.autograd.Function):
         x2 = launch.rows(x, normalized_shape)
         w = None if weight is None else weight.contiguous()
         y = torch.empty_like(x2)
-        rstd, consts = launch.rms_forward(x2, w, eps, offset, pol, y)
-        if launch.tracked(ctx):
+        stats = launch.rms_forward(x2, w, eps, offset, pol, y, save=launch.tracked(ctx))
+        if stats is not None:
+            rstd, consts = stats
             ctx.save_for_backward(x2, w, consts, rstd)
             ctx.pol, ctx.shape = pol, x.shape
         return launch.shaped(y, x.shape)

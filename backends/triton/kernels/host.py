@@ -11,11 +11,12 @@ Timed calls run on CPU tensors (torch's C++ paths, as on a GPU host; glibc's mal
 large blocks, as the CUDA caching allocator does: conformance/bench/allocator.py). ``census()`` says what
 one steady-state call on meta tensors does besides computing: the kernels it launches, the
 host-to-device copies, the torch operations that would run a kernel of their own on the device, and the
-allocations (outputs, saved statistics, partial buffers). ``FloorPrepared`` is the same call with the
-backend's host path taken out (the harness and autograd with the same tensors allocated, nothing
-launched): the floor under a call's time on the machine that measures it, which differs between machines
-more than the path itself does. ``python -m backends.triton.kernels.host`` prints all three for the
-benchmark's cases; backends/triton/bench times them with pytest-benchmark.
+allocations (outputs; with a backward, the saved statistics and the partial buffers). ``FloorPrepared``
+is the same call with the backend's host path taken out (the harness and autograd with the same
+tensors allocated, nothing launched): the floor under a call's time on the machine that measures it,
+which differs between machines more than the path itself does. ``python -m
+backends.triton.kernels.host`` prints all three for the benchmark's cases; backends/triton/bench times
+them with pytest-benchmark.
 """
 
 from __future__ import annotations

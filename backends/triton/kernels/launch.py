@@ -153,8 +153,8 @@ def launch_options(b: blocks.Blocks) -> Mapping[str, Any]:
 
 
 # The constexprs of each kernel launched on every call, by name (values in this order at the call).
-_LN_FWD = ("HAS_RES", "EXACT", "HAS_W", "HAS_B", "ACC")
-_RMS_FWD = ("HAS_RES", "EXACT", "HAS_W", "ACC")
+_LN_FWD = ("HAS_RES", "EXACT", "HAS_W", "HAS_B", "SAVE_STATS", "ACC")
+_RMS_FWD = ("HAS_RES", "EXACT", "HAS_W", "SAVE_STATS", "ACC")
 _LN_BWD = ("SUM", "HAS_DRES_OUT", "OWN_DRES", "HAS_W", "WANT_DW", "WANT_DB", "ACC")
 _RMS_BWD = ("SUM", "HAS_DRES_OUT", "OWN_DRES", "HAS_W", "WANT_DW", "ACC")
 _SUM = ("TWO",)
@@ -279,6 +279,13 @@ def saved_input(
     return x2, stream.residual
 
 
+def saved(stats: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The statistics of a forward that saves them (the default, which the custom operators return)."""
+    if stats is None:
+        raise ValueError("the forward was asked not to save its statistics")
+    return stats
+
+
 def layer_norm_forward(
     x2: torch.Tensor,
     w: torch.Tensor | None,
@@ -287,10 +294,14 @@ def layer_norm_forward(
     pol: blocks.Policy,
     y: torch.Tensor,
     stream: Stream | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Writes y (and the stream's residual_out); returns (mean, rstd) in the accumulation dtype."""
+    *,
+    save: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Writes y (and the stream's residual_out); returns (mean, rstd) in the accumulation dtype, or
+    None unless ``save``: then no statistics are allocated or written (a forward no backward reads)."""
     (n_rows, n_cols), acc = x2.shape, acc_dtype(x2, w, b_, None if stream is None else stream.residual)
-    mean, rstd = x2.new_empty(n_rows, dtype=acc), x2.new_empty(n_rows, dtype=acc)
+    # Unsaved, the statistics' pointers are x's, never written (SAVE_STATS compiles the stores out).
+    mean, rstd = (x2.new_empty(n_rows, dtype=acc), x2.new_empty(n_rows, dtype=acc)) if save else (x2, x2)
     b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
     res, out = (x2, y) if stream is None else (stream.residual, stream.out)
     args = (
@@ -298,9 +309,9 @@ def layer_norm_forward(
         y, out, mean, rstd, n_rows, n_cols,
     )  # fmt: skip
     has_res, exact = stream is not None, stream is not None and stream.exact
-    flags = (has_res, exact, w is not None, b_ is not None, tl_dtype(acc))
+    flags = (has_res, exact, w is not None, b_ is not None, save, tl_dtype(acc))
     launch_with(layer_norm_fwd, b.programs, args, kept(launch_options, b, _LN_FWD, *flags))
-    return mean, rstd
+    return (mean, rstd) if save else None
 
 
 def layer_norm_backward(
@@ -339,19 +350,21 @@ def rms_forward(
     pol: blocks.Policy,
     y: torch.Tensor,
     stream: Stream | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    *,
+    save: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Writes y (and the stream's residual_out); returns (rstd, the scalars eps and offset) in the
-    accumulation dtype."""
+    accumulation dtype, or None unless ``save`` (as layer_norm_forward: no rstd allocated or written)."""
     (n_rows, n_cols), acc = x2.shape, acc_dtype(x2, w, None if stream is None else stream.residual)
-    rstd = x2.new_empty(n_rows, dtype=acc)
+    rstd = x2.new_empty(n_rows, dtype=acc) if save else x2
     consts = scalars(eps, offset, acc, x2.device)
     b = blocks.forward(n_rows, n_cols, pol, wide=acc == torch.float64)
     res, out = (x2, y) if stream is None else (stream.residual, stream.out)
     args = (x2, res, x2 if w is None else w, consts, y, out, rstd, n_rows, n_cols)
     has_res, exact = stream is not None, stream is not None and stream.exact
-    flags = (has_res, exact, w is not None, tl_dtype(acc))
+    flags = (has_res, exact, w is not None, save, tl_dtype(acc))
     launch_with(rms_norm_fwd, b.programs, args, kept(launch_options, b, _RMS_FWD, *flags))
-    return rstd, consts
+    return (rstd, consts) if save else None
 
 
 def rms_backward(

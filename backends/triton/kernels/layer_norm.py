@@ -46,14 +46,15 @@ def layer_norm_fwd(
     SCALARS,  # [2] ACC: eps, unused (a tensor so float64 runs get eps unrounded)
     Y,  # [n_rows, n_cols] output, activation dtype (may be X itself: see common.norm_input)
     RES_OUT,  # [n_rows, n_cols] output h = x + residual, stream dtype (written only if HAS_RES; may be RES)
-    MEAN,  # [n_rows] ACC, saved for the backward
-    RSTD,  # [n_rows] ACC, saved for the backward
+    MEAN,  # [n_rows] ACC, saved for the backward (written only if SAVE_STATS)
+    RSTD,  # [n_rows] ACC, saved for the backward (written only if SAVE_STATS)
     n_rows,  # M: rows (every leading dim flattened)
     n_cols,  # N: normalized elements per row (every trailing normalized dim flattened)
     HAS_RES: tl.constexpr,
     EXACT: tl.constexpr,  # normalize the ACC sum, not residual_out as stored
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
+    SAVE_STATS: tl.constexpr,  # a backward will read mean and rstd (else nothing is allocated for them)
     ACC: tl.constexpr,  # tl.float32 or tl.float64
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # columns per chunk, a power of two
@@ -100,8 +101,9 @@ def layer_norm_fwd(
             xc = x - mean[:, None]
             y = _affine(xc * rstd[:, None], W, B, cols, col_ok, HAS_W, HAS_B, ACC)
             tl.store(Y + base + cols[None, :], round_to(y, Y.dtype.element_ty), mask=ok)
-    tl.store(MEAN + rows, mean, mask=row_ok)
-    tl.store(RSTD + rows, rstd, mask=row_ok)
+    if SAVE_STATS:
+        tl.store(MEAN + rows, mean, mask=row_ok)
+        tl.store(RSTD + rows, rstd, mask=row_ok)
 
 
 @triton.jit

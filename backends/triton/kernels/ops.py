@@ -54,7 +54,7 @@ def rms_norm(
     x2 = launch.rows(x, normalized_shape)
     w = None if weight is None else weight.contiguous()
     y = torch.empty_like(x2)
-    rstd, _ = launch.rms_forward(x2, w, eps, weight_offset, launch.policy(), y)
+    rstd, _ = launch.saved(launch.rms_forward(x2, w, eps, weight_offset, launch.policy(), y))
     return y.view(x.shape), rstd
 
 
@@ -129,7 +129,7 @@ def layer_norm(
     w = None if weight is None else weight.contiguous()
     b_ = None if bias is None else bias.contiguous()
     y = torch.empty_like(x2)
-    mean, rstd = launch.layer_norm_forward(x2, w, b_, eps, launch.policy(), y)
+    mean, rstd = launch.saved(launch.layer_norm_forward(x2, w, b_, eps, launch.policy(), y))
     return y.view(x.shape), mean, rstd
 
 
@@ -223,7 +223,7 @@ def add_rms_norm(
     x2, res2 = launch.stream_rows(x, residual, normalized_shape)
     w = None if weight is None else weight.contiguous()
     y, stream = torch.empty_like(x2), launch.Stream(res2, torch.empty_like(res2), exact)
-    rstd, _ = launch.rms_forward(x2, w, eps, weight_offset, launch.policy(), y, stream)
+    rstd, _ = launch.saved(launch.rms_forward(x2, w, eps, weight_offset, launch.policy(), y, stream))
     return y.view(x.shape), stream.out.view(x.shape), rstd
 
 
@@ -333,7 +333,7 @@ def add_layer_norm(
     w = None if weight is None else weight.contiguous()
     b_ = None if bias is None else bias.contiguous()
     y, stream = torch.empty_like(x2), launch.Stream(res2, torch.empty_like(res2), exact)
-    mean, rstd = launch.layer_norm_forward(x2, w, b_, eps, launch.policy(), y, stream)
+    mean, rstd = launch.saved(launch.layer_norm_forward(x2, w, b_, eps, launch.policy(), y, stream))
     return y.view(x.shape), stream.out.view(x.shape), mean, rstd
 
 

@@ -40,12 +40,13 @@ def rms_norm_fwd(
     SCALARS,  # [2] ACC: eps, weight offset (a tensor so float64 runs get them unrounded)
     Y,  # [n_rows, n_cols] output, activation dtype (may be X itself: see common.norm_input)
     RES_OUT,  # [n_rows, n_cols] output h = x + residual, stream dtype (written only if HAS_RES; may be RES)
-    RSTD,  # [n_rows] ACC, saved for the backward
+    RSTD,  # [n_rows] ACC, saved for the backward (written only if SAVE_STATS)
     n_rows,  # M: rows (every leading dim flattened)
     n_cols,  # N: normalized elements per row
     HAS_RES: tl.constexpr,
     EXACT: tl.constexpr,  # normalize the ACC sum, not residual_out as stored
     HAS_W: tl.constexpr,
+    SAVE_STATS: tl.constexpr,  # a backward will read rstd (else nothing is allocated for it)
     ACC: tl.constexpr,  # tl.float32 or tl.float64
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # columns per chunk, a power of two
@@ -84,7 +85,8 @@ def rms_norm_fwd(
             if HAS_W:
                 y = y * _scale(W, SCALARS, cols, col_ok, ACC)
             tl.store(Y + base + cols[None, :], round_to(y, Y.dtype.element_ty), mask=ok)
-    tl.store(RSTD + rows, rstd, mask=row_ok)
+    if SAVE_STATS:
+        tl.store(RSTD + rows, rstd, mask=row_ok)
 
 
 @triton.jit

@@ -143,7 +143,8 @@ cases = [
 for case in cases:
     for backend in launches.BACKENDS:
         got = [(l.name, l.kwargs.get("BLOCK_M"), l.kwargs.get("BLOCK_N"), l.warps, l.programs, l.backward,
-                l.kwargs.get("maxnreg")) for l in launches.launches(case, backend, pol)]
+                l.kwargs.get("maxnreg"), l.kwargs.get("SAVE_STATS"))
+               for l in launches.launches(case, backend, pol)]
         print(json.dumps({"case": case.id, "backend": backend, "launches": got}))
     prepared = triton_backend.TritonPrepared(case, launches._tensors(case, True), True, mode.select(), pol)
     print(json.dumps({"case": case.id, "backend": "info", "launches": dict(prepared.info())}))
@@ -159,32 +160,36 @@ def test_recorded_launches_are_the_policys():
     found = {(r["case"], r["backend"]): r["launches"] for r in map(json.loads, done.stdout.splitlines())}
     pol = blocks.native_policy(132, blocks.NVIDIA_MAX_REGISTERS)
 
-    def launch(name: str, b: blocks.Blocks, backward: bool) -> list:
-        return [name, b.block_m, b.block_n, b.warps, b.programs, backward, 255]
+    def launch(name: str, b: blocks.Blocks, backward: bool, save: bool | None = None) -> list:
+        return [name, b.block_m, b.block_n, b.warps, b.programs, backward, 255, save]
 
+    # The forward alone, which keeps no statistics; under autograd, which keeps them; the backward.
     ln = Case(op="layer_norm", shape=(4, 4096), dtype="bfloat16", eps=1e-5, param_dtype="float32")
     f, b = blocks.forward(4, 4096, pol), blocks.backward(4, 4096, pol)
-    assert found[(ln.id, "triton")][:2] == [
-        launch("layer_norm_fwd", f, False),
+    assert found[(ln.id, "triton")][:3] == [
+        launch("layer_norm_fwd", f, False, False),
+        launch("layer_norm_fwd", f, False, True),
         launch("layer_norm_bwd", b, True),
     ]
     # dweight and dbias: one column sum over both partial buffers (TWO).
-    assert [x[0] for x in found[(ln.id, "triton")][2:]] == ["column_sum"]
+    assert [x[0] for x in found[(ln.id, "triton")][3:]] == ["column_sum"]
     assert found[(ln.id, "triton-inplace")] == []  # not an add op
 
     # float64: half the tile, so rows of 4096 in two chunks of 2048.
     wide = Case(op="layer_norm", shape=(4, 4096), dtype="float64", eps=1e-5)
     f, b = blocks.forward(4, 4096, pol, wide=True), blocks.backward(4, 4096, pol, wide=True)
     assert (f.block_n, f.chunks) == (2048, 2)
-    assert found[(wide.id, "triton")][:2] == [
-        launch("layer_norm_fwd", f, False),
+    assert found[(wide.id, "triton")][:3] == [
+        launch("layer_norm_fwd", f, False, False),
+        launch("layer_norm_fwd", f, False, True),
         launch("layer_norm_bwd", b, True),
     ]
 
     add = Case(op="add_rms_norm", shape=(2048, 8192), dtype="bfloat16", eps=1e-5, residual_dtype="float32")
     f, b = blocks.forward(2048, 8192, pol), blocks.backward(2048, 8192, pol)
-    assert found[(add.id, "triton")][:2] == [
-        launch("rms_norm_fwd", f, False),
+    assert found[(add.id, "triton")][:3] == [
+        launch("rms_norm_fwd", f, False, False),
+        launch("rms_norm_fwd", f, False, True),
         launch("rms_norm_bwd", b, True),
     ]
     # The in-place backend declares no float32 stream: it does not run this case.
@@ -199,7 +204,7 @@ def test_recorded_launches_are_the_policys():
     # What a result's extra.info records is what was launched.
     for case in (ln, wide, add):
         info = found[(case.id, "info")]
-        fwd, bwd = found[(case.id, "triton")][:2]
+        fwd, _, bwd = found[(case.id, "triton")][:3]
         for prefix, got in (("forward", fwd), ("backward", bwd)):
             keys = ("block_m", "block_n", "warps", "programs", "max_registers")
             recorded = [info[f"{prefix}_{k}"] for k in keys]

@@ -114,7 +114,9 @@ def _tensors(case: Case, grad: bool) -> dict[str, torch.Tensor]:
 def launches(case: Case, backend: str, policy: blocks.Policy) -> list[Launch]:
     """Every launch ``backend`` makes for ``case``: the forward alone, then forward and backward where
     it declares the backward (only the launches after the forward's are marked backward); none where
-    it cannot run the case."""
+    it cannot run the case. The forward under autograd launches the forward's kernels again; where it
+    gives them other constexprs (SAVE_STATS: it keeps what the backward reads) they are recorded
+    again, as forward launches."""
     caps = BACKENDS[backend]
     recorded: list[Launch] = []
     forward: list[tuple[str, dict[str, Any]]] = []  # (kernel, options) of the forward's launches
@@ -122,17 +124,16 @@ def launches(case: Case, backend: str, policy: blocks.Policy) -> list[Launch]:
         if caps.why_not(case, grad=grad) is not None:
             continue
         calls = _record(case, backend, policy, grad)
-        if grad:
-            again = [(c[0].__name__, c[2]) for c in calls[: len(forward)]]
-            if again != forward:
-                raise RuntimeError(
-                    f"{backend} on {case.id}: the forward under autograd launches {again}, not the "
-                    f"forward's own {forward}; the backward's launches cannot be told apart"
-                )
+        again = [(c[0].__name__, c[2]) for c in calls[: len(forward)]] if grad else []
+        if [name for name, _ in again] != [name for name, _ in forward]:
+            raise RuntimeError(
+                f"{backend} on {case.id}: the forward under autograd launches {again}, not the "
+                f"forward's own kernels {forward}; the backward's launches cannot be told apart"
+            )
         for i, (kernel, args, kwargs, programs) in enumerate(calls):
-            if grad and i < len(forward):
-                continue  # the forward again, as autograd runs it: the same launches
-            recorded.append(Launch(kernel, args, kwargs, programs, case.id, grad))
+            if i < len(again) and again[i] == forward[i]:
+                continue  # the forward's launch again, as autograd runs it
+            recorded.append(Launch(kernel, args, kwargs, programs, case.id, grad and i >= len(forward)))
         if not grad:
             forward = [(c[0].__name__, c[2]) for c in calls]
     return recorded
