@@ -82,23 +82,30 @@ def test_a_call_launches_its_kernels_and_allocates_only_outputs_and_partials(sha
 
 
 @pytest.mark.parametrize(
-    ("name", "broken", "op", "caught"),
+    ("name", "broken", "op", "grad", "caught"),
     [
-        ("scalars", triton_host.uncached_scalars, "rms_norm", lambda c: c.h2d_copies == ("tensor",)),
-        ("partial", triton_host.zeroed_partial, "layer_norm", lambda c: c.torch_kernels == ("zeros",) * 2),
-        ("reduce", triton_host.reduction_per_buffer, "layer_norm", lambda c: len(c.launches) == 4),
-        # A forward alone (the case below without gradients) that allocates mean and rstd anyway.
+        ("scalars", triton_host.uncached_scalars, "rms_norm", True, lambda c: c.h2d_copies == ("tensor",)),
+        (
+            "partial",
+            triton_host.zeroed_partial,
+            "layer_norm",
+            True,
+            lambda c: c.torch_kernels == ("zeros",) * 2,
+        ),
+        ("reduce", triton_host.reduction_per_buffer, "layer_norm", True, lambda c: len(c.launches) == 4),
+        # A forward alone that allocates mean and rstd anyway.
         (
             "layer_norm_forward",
             triton_host.statistics_always,
             "add_layer_norm",
+            False,
             lambda c: c.allocations.count("new_empty [32] float32") == 2,
         ),
     ],
     ids=["uncached-scalars", "zeroed-partials", "reduction-per-buffer", "statistics-unread"],
 )
-def test_the_census_catches_broken_host_paths(monkeypatch, name, broken, op, caught):
-    call = host.prepared(host.case(op, "32x4096"), grad=name != "layer_norm_forward")
+def test_the_census_catches_broken_host_paths(monkeypatch, name, broken, op, grad, caught):
+    call = host.prepared(host.case(op, "32x4096"), grad=grad)
     assert not caught(host.census(call))
     monkeypatch.setattr(launch, name, broken)
     assert caught(host.census(call))
